@@ -1,0 +1,83 @@
+"""SigLIP vision tower (as in SmolVLM/Idefics3) and the pixel-shuffle connector."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edgefm_ros.runtime.config import VisionConfig, VlmConfig
+
+
+class SiglipLayer(nn.Module):
+    def __init__(self, cfg: VisionConfig, ops, w, name: str):
+        super().__init__()
+        h, i = cfg.hidden, cfg.inner
+        self.heads, self.head_dim = cfg.heads, h // cfg.heads
+        self.norm1 = ops.layer_norm(f"{name}.layer_norm1", "vision_norm", w("layer_norm1.weight", h),
+                                    w("layer_norm1.bias", h), cfg.eps)
+        self.qkv = ops.linear(f"{name}.self_attn.qkv", "vision_qkv",
+                              [(w(f"self_attn.{p}_proj.weight", h, h), w(f"self_attn.{p}_proj.bias", h)) for p in "qkv"])
+        self.attn = ops.attention(f"{name}.self_attn", "vision_attn", cfg.heads, cfg.heads, self.head_dim)
+        self.out = ops.linear(f"{name}.self_attn.out_proj", "vision_o",
+                              [(w("self_attn.out_proj.weight", h, h), w("self_attn.out_proj.bias", h))])
+        self.norm2 = ops.layer_norm(f"{name}.layer_norm2", "vision_norm", w("layer_norm2.weight", h),
+                                    w("layer_norm2.bias", h), cfg.eps)
+        self.mlp = ops.mlp(f"{name}.mlp", "vision_mlp", {"fc1": (w("mlp.fc1.weight", i, h), w("mlp.fc1.bias", i)),
+                                                          "fc2": (w("mlp.fc2.weight", h, i), w("mlp.fc2.bias", h))},
+                           "gelu_tanh", h, i)
+
+    def forward(self, x):  # x [B, N, H] -> [B, N, H]
+        b, n, h = x.shape
+        q, k, v = (t.view(b, n, self.heads, self.head_dim).transpose(1, 2) for t in self.qkv(self.norm1(x)))
+        a = self.attn(q, k, v, None).transpose(1, 2).reshape(b, n, h)
+        x = x + self.out(a)
+        return x + self.mlp(self.norm2(x))
+
+
+def patch_position_ids(grid_h: int, grid_w: int, side: int) -> torch.Tensor:
+    """Position-embedding ids of a grid_h x grid_w patch grid. [N] i64
+
+    Fractional patch coordinates ``i / n * (1 - 1e-6)`` bucketed into ``side`` bins, as transformers'
+    SmolVLM embeddings compute them (the 1e-6 shrink moves coordinates that land exactly on a bin edge
+    into the bin below, so for a full grid row/column 1 reuses embedding 0): LeRobot's numerics.
+    """
+    bounds = torch.arange(1 / side, 1.0, 1 / side)
+    rows = torch.bucketize(torch.arange(grid_h) / grid_h * (1 - 1e-6), bounds, right=True)
+    cols = torch.bucketize(torch.arange(grid_w) / grid_w * (1 - 1e-6), bounds, right=True)
+    return (rows[:, None] * side + cols).flatten()
+
+
+class VisionEncoder(nn.Module):
+    """Pixels [B, 3, S, S] in [-1, 1] -> image tokens [B, T, text_hidden] (tower + connector)."""
+
+    def __init__(self, cfg: VlmConfig, ops, w):
+        super().__init__()
+        v = cfg.vision
+        self.patch = ops.build("patch_embed", "vision.patch_embedding", "vision_patch", f"p{v.patch}x{v.hidden}",
+                               weight=w("embeddings.patch_embedding.weight", v.hidden, 3, v.patch, v.patch),
+                               bias=w("embeddings.patch_embedding.bias", v.hidden))
+        pos = w("embeddings.position_embedding.weight", v.grid * v.grid, v.hidden)
+        # positions are static for a fixed input size: gather the table once
+        self.register_buffer("pos", pos[patch_position_ids(v.grid, v.grid, v.grid)].clone(), persistent=False)
+        self.layers = nn.ModuleList(SiglipLayer(v, ops, w.scoped(f"encoder.layers.{i}."), f"vision.layers.{i}")
+                                    for i in range(v.layers))
+        self.post_norm = ops.layer_norm("vision.post_layernorm", "vision_norm", w("post_layernorm.weight", v.hidden),
+                                        w("post_layernorm.bias", v.hidden), v.eps)
+
+    def forward(self, pixels):
+        x = self.patch(pixels) + self.pos
+        for layer in self.layers:
+            x = layer(x)
+        return self.post_norm(x)
+
+
+class Connector(nn.Module):
+    def __init__(self, cfg: VlmConfig, ops, w):
+        super().__init__()
+        s = cfg.scale_factor
+        self.shuffle = ops.build("pixel_shuffle", "connector.pixel_shuffle", "connector_shuffle", f"s{s}", scale=s)
+        d_in = cfg.vision.hidden * s * s
+        self.proj = ops.linear("connector.proj", "connector_proj",
+                               [(w("modality_projection.proj.weight", cfg.text.hidden, d_in), None)])
+
+    def forward(self, x):  # [B, N, Hv] -> [B, N/s^2, Ht]
+        return self.proj(self.shuffle(x))

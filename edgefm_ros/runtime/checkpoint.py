@@ -1,0 +1,209 @@
+"""LeRobot SmolVLA checkpoint loading: config, memory-mapped weights, normalisation stats, tokenizer.
+
+A checkpoint directory is what ``lerobot-train`` saves as ``pretrained_model/``: ``config.json``,
+``model.safetensors``, ``policy_preprocessor.json`` / ``policy_postprocessor.json`` with their
+``*_normalizer_processor.safetensors`` stats. The backbone (VLM) config and tokenizer come from the
+hub id in ``config.json`` (``vlm_model_name``), found in the Hugging Face cache or given explicitly.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from .config import SmolVLAConfig, VlmConfig
+from .safetensors_mmap import MappedSafetensors, SafetensorsError, load_all
+
+PREFIX = "model."
+VLM_PREFIX = "model.vlm_with_expert.vlm."
+IGNORED_KEYS = ("model.vlm_with_expert.vlm.lm_head.weight",)  # unused at inference: never loaded
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and key."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"missing file {path}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+
+
+def hf_cache_dirs() -> list[Path]:
+    """Hugging Face hub cache roots, in the order transformers looks at them."""
+    roots = []
+    if os.environ.get("HF_HUB_CACHE"):
+        roots.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        roots.append(Path(os.environ["HF_HOME"]) / "hub")
+    roots.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return roots
+
+
+def resolve_vlm_dir(hub_id: str, explicit: str | Path | None = None) -> Path:
+    """Directory holding the backbone's config.json and tokenizer for ``hub_id``."""
+    if explicit is not None:
+        d = Path(explicit)
+        if not (d / "config.json").is_file():
+            raise CheckpointError(f"VLM directory {d} has no config.json")
+        return d
+    if Path(hub_id).is_dir():
+        return Path(hub_id)
+    searched = []
+    for root in hf_cache_dirs():
+        repo = root / ("models--" + hub_id.replace("/", "--"))
+        searched.append(str(repo))
+        snaps = repo / "snapshots"
+        if not snaps.is_dir():
+            continue
+        ref = repo / "refs" / "main"
+        order = [snaps / ref.read_text().strip()] if ref.is_file() else []
+        order += sorted(p for p in snaps.iterdir() if p.is_dir())
+        for snap in order:
+            if (snap / "config.json").is_file():
+                return snap
+    raise CheckpointError(f"backbone {hub_id!r} (config.json vlm_model_name) not found in the Hugging Face cache "
+                          f"(looked in {searched}); pass its local directory explicitly (--vlm DIR)")
+
+
+@dataclass(frozen=True)
+class NormStats:
+    """MEAN_STD statistics: normalise ``(x - mean) / (std + eps)``, unnormalise ``x * std + mean``."""
+
+    state_mean: torch.Tensor  # [state_dim] f32
+    state_std: torch.Tensor
+    action_mean: torch.Tensor  # [action_dim] f32
+    action_std: torch.Tensor
+    eps: float = 1e-8
+
+
+def _processor_state(ckpt: Path, name: str, step_name: str) -> tuple[dict[str, torch.Tensor], float]:
+    path = ckpt / f"{name}.json"
+    cfg = _read_json(path)
+    for step in cfg.get("steps", []):
+        if step.get("registry_name") == step_name:
+            if "state_file" not in step:
+                raise CheckpointError(f"{path}: step {step_name!r} has no state_file")
+            mapping = step.get("config", {}).get("norm_map", {})
+            for kind in ("STATE", "ACTION"):
+                if mapping.get(kind, "MEAN_STD") != "MEAN_STD":
+                    raise CheckpointError(f"{path}: {kind} normalisation {mapping[kind]!r} unsupported (MEAN_STD)")
+            try:
+                return load_all(ckpt / step["state_file"]), float(step.get("config", {}).get("eps", 1e-8))
+            except SafetensorsError as e:
+                raise CheckpointError(str(e)) from None
+    raise CheckpointError(f"{path}: no {step_name!r} step (normalisation stats)")
+
+
+def load_stats(ckpt: Path, cfg: SmolVLAConfig) -> NormStats:
+    pre, eps = _processor_state(ckpt, "policy_preprocessor", "normalizer_processor")
+    post, _ = _processor_state(ckpt, "policy_postprocessor", "unnormalizer_processor")
+
+    def get(d, key, n, file):
+        if key not in d:
+            raise CheckpointError(f"{ckpt / file}: missing stats key {key!r}")
+        t = d[key].float()
+        if t.shape != (n,):
+            raise CheckpointError(f"{ckpt / file}: stats {key!r} has shape {list(t.shape)}, expected [{n}]")
+        return t
+
+    return NormStats(get(pre, f"{cfg.state_key}.mean", cfg.state_dim, "policy_preprocessor"),
+                     get(pre, f"{cfg.state_key}.std", cfg.state_dim, "policy_preprocessor"),
+                     get(post, "action.mean", cfg.action_dim, "policy_postprocessor"),
+                     get(post, "action.std", cfg.action_dim, "policy_postprocessor"), eps)
+
+
+class WeightSource:
+    """Hands out checkpoint tensors by name, checking shapes, and tracks what was used."""
+
+    def __init__(self, path: Path):
+        try:
+            self.file = MappedSafetensors(path)
+        except SafetensorsError as e:
+            raise CheckpointError(str(e)) from None
+        self.path = path
+        self.used: set[str] = set()
+
+    def take(self, key: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if key not in self.file.entries:
+            raise CheckpointError(f"{self.path}: missing weight {key!r} (expected shape {list(shape)})")
+        got = self.file.shape(key)
+        if tuple(got) != tuple(shape):
+            raise CheckpointError(f"{self.path}: weight {key!r} has shape {list(got)}, expected {list(shape)}")
+        self.used.add(key)
+        t = self.file.get(key)
+        return t if t.dtype == dtype else t.to(dtype)
+
+    def scoped(self, prefix: str) -> "Scoped":
+        return Scoped(self, prefix)
+
+    def check_all_used(self) -> None:
+        extra = sorted(set(self.file.keys()) - self.used - set(IGNORED_KEYS))
+        if extra:
+            raise CheckpointError(f"{self.path}: unexpected weight(s) not used by the model: {extra[:10]}"
+                                  + (f" and {len(extra) - 10} more" if len(extra) > 10 else ""))
+
+
+@dataclass(frozen=True)
+class Scoped:
+    src: WeightSource
+    prefix: str
+
+    def __call__(self, key: str, *shape: int) -> torch.Tensor:
+        return self.src.take(self.prefix + key, shape)
+
+    def scoped(self, prefix: str) -> "Scoped":
+        return Scoped(self.src, self.prefix + prefix)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    config: SmolVLAConfig
+    vlm: VlmConfig
+    vlm_dir: Path
+    stats: NormStats
+    weights_path: Path
+
+    @property
+    def tokenizer_path(self) -> Path:
+        p = self.vlm_dir / "tokenizer.json"
+        if not p.is_file():
+            raise CheckpointError(f"tokenizer missing: {p} (the backbone directory must hold tokenizer.json)")
+        return p
+
+    def weights(self) -> WeightSource:
+        return WeightSource(self.weights_path)
+
+
+def load_checkpoint(path: str | Path, vlm_dir: str | Path | None = None) -> Checkpoint:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    try:
+        cfg = SmolVLAConfig.from_dict(_read_json(path / "config.json"), str(path / "config.json"))
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    vdir = resolve_vlm_dir(cfg.vlm_model_name, vlm_dir)
+    try:
+        vlm = VlmConfig.from_dict(_read_json(vdir / "config.json"), str(vdir / "config.json"))
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    if cfg.num_vlm_layers > vlm.text.layers:
+        raise CheckpointError(f"{path / 'config.json'}: num_vlm_layers {cfg.num_vlm_layers} exceeds the backbone's "
+                              f"{vlm.text.layers} layers")
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(f"missing file {weights}")
+    return Checkpoint(path, cfg, vlm, vdir, load_stats(path, cfg), weights)

@@ -1,0 +1,238 @@
+"""The Engine: builds SmolVLA from a checkpoint through the dispatch table, runs prefill and decode.
+
+    engine = Engine.from_checkpoint("ckpt/", mode="exact")
+    chunk = engine.predict(observation)            # raw observation -> ActionChunk (raw units)
+    actions = engine.sample(model_inputs, noise)   # model-level, as LeRobot's sample_actions
+
+prefill: vision tower + connector for every camera (one batch), language/state embeddings, the VLM
+  layers' keys/values over the prefix, and everything decode needs from the prefix (the expert's
+  cross-attention K/V, masks, rotary tables of the action positions).
+decode: ``num_steps`` Euler steps of the action expert; the time embeddings and their share of
+  ``action_time_mlp_in`` are computed once at load.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from edgefm_ros.models.smolvla import SmolVLA
+from edgefm_ros.types import ActionChunk, Observation
+
+from .checkpoint import Checkpoint, load_checkpoint
+from .dispatch import OpResolver, Table, builtin_tables
+from .hardware import Hardware, detect
+from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
+
+MODES = ("exact", "fast", "reference")
+PREFILL_ROLES = ("vision", "connector", "vlm", "state_proj", "expert_cross_kv")
+
+
+def stage_of(layer_role: str) -> str:
+    return "prefill" if layer_role.startswith(PREFILL_ROLES) else "decode"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: str = "exact"
+    tables: tuple[str, ...] = ()  # user dispatch tables, loaded after the built-in ones
+    threads: int | None = None
+    device: str = "cpu"
+    seed: int = 0
+    use_tuned: bool = True  # load config/dispatch/<hw_profile>.yaml in fast mode when present
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        for t in self.tables:
+            if not Path(t).is_file():
+                raise ValueError(f"dispatch table {t} does not exist")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    camera_keys: tuple[str, ...]
+    image_shapes: dict
+    state_dim: int
+    action_dim: int
+    chunk_size: int
+    num_steps: int
+    max_action_dim: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Timings:
+    prefill_s: float
+    decode_s: float
+    total_s: float
+
+
+@dataclass
+class Prefix:
+    """What decode reads, computed once per chunk."""
+
+    contexts: list  # per expert layer (k, v) [B, Hkv, P, D]: VLM cache (self layers) or its projection (cross)
+    rope_self: object
+    rope_cross: object
+    mask_self: torch.Tensor  # bool [B, C, P + C]
+    mask_cross: torch.Tensor  # bool [B, C, P]
+    vlm_kv: list  # per VLM layer (k, v) [B, Hkv, P, D], for inspection
+    pad_mask: torch.Tensor  # bool [B, P]
+
+
+def tuned_table_path(hw_profile: str) -> Path:
+    """config/dispatch/<hw_profile>.yaml of the source tree or installed share dir."""
+    here = Path(__file__).resolve()
+    for root in (here.parents[2], here.parents[1]):
+        p = root / "config" / "dispatch" / f"{hw_profile}.yaml"
+        if p.is_file():
+            return p
+    return here.parents[2] / "config" / "dispatch" / f"{hw_profile}.yaml"
+
+
+class Engine:
+    def __init__(self, ckpt: Checkpoint, config: EngineConfig, hardware: Hardware):
+        self.ckpt, self.config, self.hardware = ckpt, config, hardware
+        cfg = ckpt.config
+        self.cfg = cfg
+        tables = builtin_tables(config.mode)
+        tuned = tuned_table_path(hardware.profile)
+        if config.mode == "fast" and config.use_tuned and tuned.is_file():
+            tables.append(tuned)
+        tables += [Path(t) for t in config.tables]
+        self.table_files = tables
+        self.resolver = OpResolver(Table.from_files(tables), hardware.profile, "smolvla", stage_of)
+        weights = ckpt.weights()
+        with torch.no_grad():
+            self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, weights).eval()
+        weights.check_all_used()
+        self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
+        # decode constants: timesteps t_k = 1 + k * dt, their embeddings' share of action_time_mlp_in
+        self.dt = -1.0 / cfg.num_steps
+        t = torch.tensor([1.0 + k * self.dt for k in range(cfg.num_steps)], dtype=torch.float32)
+        with torch.no_grad():
+            self.time_terms = self.model.time_terms(t)  # [S, He]
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.last_timings = Timings(0.0, 0.0, 0.0)
+        self.spec = PolicySpec(cfg.camera_keys, dict(zip(cfg.camera_keys, cfg.image_shapes)), cfg.state_dim,
+                               cfg.action_dim, cfg.chunk_size, cfg.num_steps, cfg.max_action_dim, ckpt.path.name)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str | Path, vlm_dir: str | Path | None = None, mode: str = "exact",
+                        tables: Sequence[str | Path] = (), threads: int | None = None, device: str = "cpu",
+                        seed: int = 0, use_tuned: bool = True) -> "Engine":
+        config = EngineConfig(mode, tuple(str(t) for t in tables), threads, device, seed, use_tuned)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return cls(load_checkpoint(checkpoint, vlm_dir), config, detect(device))
+
+    # ---- phases ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, inp: ModelInputs) -> Prefix:
+        m, cfg = self.model, self.cfg
+        b, ncam = inp.batch, len(inp.images)
+        img = m.embed_images(torch.cat(inp.images, dim=0))  # [ncam*B, T, H]
+        t = img.shape[1]
+        img = img.view(ncam, b, t, -1).transpose(0, 1).reshape(b, ncam * t, -1)
+        embs = torch.cat([img, m.embed_language(inp.lang_tokens), m.embed_state(inp.state)], dim=1)
+        pad = torch.cat([torch.stack(inp.img_masks, 1).repeat_interleave(t, dim=1), inp.lang_masks.bool(),
+                         torch.ones(b, 1, dtype=torch.bool)], dim=1)  # [B, P]
+        p = pad.shape[1]
+        # images + language form one bidirectional block; the state token is its own (causal) block
+        block = torch.zeros(p, dtype=torch.long)
+        block[-1] = 1
+        mask = (block[None, :] <= block[:, None])[None] & pad[:, None, :] & pad[:, :, None]  # [B, P, P]
+        pos = torch.cumsum(pad, dim=1) - 1
+        layer0 = m.text.layers[0]
+        kv = m.text.prefix_kv(embs, layer0.rope.tables(pos, layer0.head_dim), mask)
+        contexts = [layer.context(*kv[i]) if layer.cross else kv[i] for i, layer in enumerate(m.expert)]
+        c = cfg.chunk_size
+        n_valid = pad.sum(dim=1, keepdim=True)
+        steps = torch.arange(c)[None, :]
+        e0 = m.expert[0]
+        causal = torch.ones(c, c, dtype=torch.bool).tril()
+        mask_cross = pad[:, None, :].expand(b, c, p)
+        return Prefix(contexts, e0.rope.tables(n_valid + steps, e0.head_dim),
+                      e0.rope.tables(steps.expand(b, c), e0.head_dim),
+                      torch.cat([mask_cross, causal[None].expand(b, c, c)], dim=2), mask_cross, kv, pad)
+
+    @torch.no_grad()
+    def decode(self, prefix: Prefix, noise: torch.Tensor, trace: list | None = None) -> torch.Tensor:
+        """noise [B, C, A] (x at t = 1) -> normalised actions [B, C, A]."""
+        x = noise
+        for k in range(self.cfg.num_steps):
+            v = self.model.velocity(x, self.time_terms[k], prefix.contexts, prefix.rope_self, prefix.rope_cross,
+                                    prefix.mask_self, prefix.mask_cross)
+            x = x + self.dt * v
+            if trace is not None:
+                trace.append((v, x))
+        return x
+
+    def sample(self, inp: ModelInputs, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """Model-level inputs -> normalised, padded actions [B, C, max_action_dim]; records timings."""
+        shape = (inp.batch, self.cfg.chunk_size, self.cfg.max_action_dim)
+        if noise is None:
+            noise = torch.randn(shape, generator=self.generator)
+        elif tuple(noise.shape) != shape:
+            raise InputError(f"noise must have shape {shape}, got {tuple(noise.shape)}")
+        t0 = time.perf_counter()
+        prefix = self.prefill(inp)
+        t1 = time.perf_counter()
+        actions = self.decode(prefix, noise.float())
+        t2 = time.perf_counter()
+        self.last_timings = Timings(t1 - t0, t2 - t1, t2 - t0)
+        return actions
+
+    # ---- robot-level ----------------------------------------------------------------------------
+    def inputs_from_observation(self, obs: Observation) -> ModelInputs:
+        frames = {}
+        for key in obs.images:
+            if key not in self.cfg.camera_keys:
+                raise InputError(f"unknown camera {key!r}; the model's cameras are {list(self.cfg.camera_keys)}")
+        for key in self.cfg.camera_keys:
+            if key in obs.missing:
+                frames[key] = None
+            elif key not in obs.images:
+                raise InputError(f"camera {key!r} has no image (mark it in Observation.missing if it is absent)")
+            else:
+                frames[key] = image_to_chw01(key, obs.images[key])[None]
+        state = torch.as_tensor(np.asarray(obs.state, dtype=np.float32))[None]
+        return self.preprocess(frames, state, [obs.task])
+
+    def predict(self, obs: Observation, *, noise: np.ndarray | None = None, dt: float = 1 / 30, seq: int = 0,
+                source: str = "edge") -> ActionChunk:
+        t0 = time.perf_counter()
+        inp = self.inputs_from_observation(obs)
+        nz = None
+        if noise is not None:
+            shape = (self.cfg.chunk_size, self.cfg.max_action_dim)
+            if np.shape(noise) != shape:
+                raise InputError(f"noise must have shape {shape}, got {np.shape(noise)}")
+            nz = torch.as_tensor(np.asarray(noise, dtype=np.float32))[None]
+        actions = self.preprocess.actions(self.sample(inp, nz))[0]
+        total = time.perf_counter() - t0
+        tm = self.last_timings
+        return ActionChunk(actions=actions.numpy().astype(np.float32), dt=dt, stamp=obs.stamp, source=source,
+                           model=self.spec.name, seq=seq, inference_s=total, prefill_s=tm.prefill_s,
+                           decode_s=tm.decode_s)
+
+    def synthetic_observation(self, seed: int = 0) -> Observation:
+        rng = np.random.default_rng(seed)
+        images = {k: rng.integers(0, 256, size=(s[1], s[2], 3), dtype=np.uint8)
+                  for k, s in self.spec.image_shapes.items()}
+        return Observation(images, rng.standard_normal(self.cfg.state_dim).astype(np.float32), "warm up")
+
+    def warmup(self, runs: int = 1) -> None:
+        obs = self.synthetic_observation()
+        for _ in range(runs):
+            self.predict(obs)
+
+    def plan(self) -> list[dict]:
+        return self.resolver.plan_rows()

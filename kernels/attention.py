@@ -1,0 +1,76 @@
+"""Attention: softmax(q k^T * scale + mask) v with grouped KV heads.
+
+Contract of every implementation (built by ``impl.build(spec, params)``)::
+
+    kernel(q, k, v, mask)   # q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D], Hq % Hkv == 0,
+                            # mask bool [B, Lq, Lk] (True = key visible) or None -> [B, Hq, Lq, D]
+
+Masks are built once per chunk by the engine and passed unchanged to every layer, so a kernel that
+needs another mask form converts it once and keeps it while the same mask object comes back.
+
+Scale is D**-0.5. A query row with no visible key gets uniform weights over all keys (LeRobot's
+``finfo.min`` masking), never NaN: masked tokens then stay finite in later layers.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .registry import Impl, OpSpec, register
+
+
+class EagerAttention:
+    """Reference: LeRobot's eager attention (repeat KV, fp32 scores, finfo.min fill, fp32 softmax)."""
+
+    def __call__(self, q, k, v, mask):
+        b, hq, lq, d = q.shape
+        groups = hq // k.shape[1]
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q.float(), k.float().transpose(2, 3))  # [B, Hq, Lq, Lk]
+        scores *= d ** -0.5
+        if mask is not None:
+            scores = torch.where(mask[:, None], scores, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        return torch.matmul(probs, v)
+
+
+class SdpaAttention:
+    """torch's fused scaled_dot_product_attention with an additive mask (0 / finfo.min) and GQA."""
+
+    def __init__(self, zero_mask_when_none: bool = False):
+        self.zero_mask_when_none = zero_mask_when_none
+        self._src, self._add = None, None  # last bool mask seen and its additive form
+
+    def additive(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if mask is not self._src or self._add.dtype != dtype:
+            add = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+            add.masked_fill_(~mask, torch.finfo(dtype).min)
+            self._src, self._add = mask, add[:, None]  # [B, 1, Lq, Lk]
+        return self._add
+
+    def __call__(self, q, k, v, mask):
+        if mask is not None:
+            mask = self.additive(mask, q.dtype)
+        elif self.zero_mask_when_none:
+            # transformers' SigLIP passes an all-zero additive mask; SDPA then takes the masked path.
+            mask = q.new_zeros(q.shape[0], 1, q.shape[2], k.shape[2])
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _check_heads(spec: OpSpec, params) -> str | None:
+    hq, hkv = spec.dims.get("heads", 1), spec.dims.get("kv_heads", 1)
+    if hq % hkv:
+        return f"{hq} query heads are not a multiple of {hkv} kv heads"
+    return None
+
+
+register(Impl("attention", "eager", lambda spec, params: EagerAttention(), reference=True, check=_check_heads,
+              doc="LeRobot's eager attention: fp32 scores, finfo.min mask, fp32 softmax"))
+register(Impl("attention", "sdpa", lambda spec, params: SdpaAttention(**params), check=_check_heads,
+              param_space={"zero_mask_when_none": (False, True)},
+              doc="torch SDPA, additive finfo.min mask, KV heads repeated"))
