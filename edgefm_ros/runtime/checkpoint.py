@@ -47,15 +47,17 @@ def hf_cache_dirs() -> list[Path]:
     return roots
 
 
-def resolve_vlm_dir(hub_id: str, explicit: str | Path | None = None) -> Path:
-    """Directory holding the backbone's config.json and tokenizer for ``hub_id``."""
+def resolve_vlm_dir(hub_id: str, explicit: str | Path | None = None, base: Path | None = None) -> Path:
+    """Directory holding the backbone's config.json and tokenizer for ``hub_id``: the explicit
+    directory, a path (relative to the checkpoint ``base`` or absolute), or the Hugging Face cache."""
     if explicit is not None:
         d = Path(explicit)
         if not (d / "config.json").is_file():
             raise CheckpointError(f"VLM directory {d} has no config.json")
         return d
-    if Path(hub_id).is_dir():
-        return Path(hub_id)
+    for cand in ([base / hub_id] if base is not None else []) + [Path(hub_id)]:
+        if (cand / "config.json").is_file():
+            return cand
     searched = []
     for root in hf_cache_dirs():
         repo = root / ("models--" + hub_id.replace("/", "--"))
@@ -193,7 +195,7 @@ def load_checkpoint(path: str | Path, vlm_dir: str | Path | None = None) -> Chec
         raise
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    vdir = resolve_vlm_dir(cfg.vlm_model_name, vlm_dir)
+    vdir = resolve_vlm_dir(cfg.vlm_model_name, vlm_dir, path)
     try:
         vlm = VlmConfig.from_dict(_read_json(vdir / "config.json"), str(vdir / "config.json"))
     except CheckpointError:

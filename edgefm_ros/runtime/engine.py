@@ -109,10 +109,10 @@ class Engine:
         tables += [Path(t) for t in config.tables]
         self.table_files = tables
         self.resolver = OpResolver(Table.from_files(tables), hardware.profile, "smolvla", stage_of)
-        weights = ckpt.weights()
+        self.weights = ckpt.weights()  # the file mapping the model's fp32 weights are views of
         with torch.no_grad():
-            self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, weights).eval()
-        weights.check_all_used()
+            self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, self.weights).eval()
+        self.weights.check_all_used()
         self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
         # decode constants: timesteps t_k = 1 + k * dt, their embeddings' share of action_time_mlp_in
         self.dt = -1.0 / cfg.num_steps

@@ -1,0 +1,1 @@
+"""Command-line tools: the VLA runtime CLI, rosbag tools, the demo, benchmarks."""

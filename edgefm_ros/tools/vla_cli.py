@@ -1,0 +1,187 @@
+"""``edgefm-vla``: run, benchmark, inspect and tune SmolVLA on the edgefm runtime.
+
+  edgefm-vla predict --checkpoint DIR [--vlm DIR] --inputs F.safetensors --out F.safetensors [--mode exact|fast]
+                     [--from-raw [--task T ...]]
+  edgefm-vla bench   (same inputs) --warmup N --runs N --json FILE
+  edgefm-vla plan    --checkpoint DIR [--vlm DIR] [--mode ...] [--table F.yaml ...]
+  edgefm-vla make-checkpoint --out DIR [--arch tiny|full] [--seed N] [--cameras N]
+  edgefm-vla tune    --checkpoint DIR [--vlm DIR] [--budget-s S] [--dry-run] [--out F.yaml]
+
+Inputs use the golden names: images.<i>, img_masks.<i>, lang_tokens, lang_masks, state, noise; with
+--from-raw: raw.<camera key> [B, 3, H, W] in [0, 1], raw.<camera key>_padding_mask, raw.<state key>, and the
+tasks (--task, else "tasks" of a meta.json beside the inputs file).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _engine(args):
+    from edgefm_ros.runtime.engine import Engine
+
+    return Engine.from_checkpoint(args.checkpoint, vlm_dir=args.vlm, mode=args.mode, tables=args.table,
+                                  threads=args.threads)
+
+
+def _load_inputs(path: str) -> dict[str, torch.Tensor]:
+    from edgefm_ros.runtime.safetensors_mmap import load_all
+
+    return load_all(path)  # cloned: aligned, owned memory (see the reference's parity notes)
+
+
+def model_inputs(engine, g: dict, args):
+    """(ModelInputs, noise) from an inputs file, through preprocessing when --from-raw."""
+    from edgefm_ros.runtime.preprocess import ModelInputs
+
+    cfg = engine.cfg
+    if args.from_raw:
+        frames = {k: g[f"raw.{k}"] for k in cfg.camera_keys if f"raw.{k}" in g}
+        masks = {k: g[f"raw.{k}_padding_mask"] for k in cfg.camera_keys if f"raw.{k}_padding_mask" in g}
+        tasks = args.task or json.loads((Path(args.inputs).parent / "meta.json").read_text())["tasks"]
+        inp = engine.preprocess(frames, g[f"raw.{cfg.state_key}"], tasks, masks)
+    else:
+        n = len([k for k in g if k.startswith("images.")])
+        missing = [k for k in ("lang_tokens", "lang_masks", "state") if k not in g]
+        if missing or n == 0:
+            raise SystemExit(f"{args.inputs}: missing input tensor(s) {missing or ['images.<i>']}")
+        inp = ModelInputs(tuple(g[f"images.{i}"] for i in range(n)), tuple(g[f"img_masks.{i}"].bool() for i in range(n)),
+                          g["lang_tokens"], g["lang_masks"].bool(), g["state"])
+    return inp, g.get("noise")
+
+
+def cmd_predict(args) -> int:
+    from safetensors.torch import save_file
+
+    engine = _engine(args)
+    inp, noise = model_inputs(engine, _load_inputs(args.inputs), args)
+    actions = engine.sample(inp, noise)
+    out = {"actions": actions.contiguous()}
+    if args.from_raw:
+        out["actions_unnormalized"] = engine.preprocess.actions(actions).contiguous()
+    save_file(out, args.out)
+    t = engine.last_timings
+    print(f"wrote {args.out}: actions {list(actions.shape)} (mode {args.mode}, prefill {t.prefill_s * 1e3:.1f} ms, "
+          f"decode {t.decode_s * 1e3:.1f} ms)")
+    return 0
+
+
+def _summary(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def cmd_bench(args) -> int:
+    engine = _engine(args)
+    inp, noise = model_inputs(engine, _load_inputs(args.inputs), args)
+    for _ in range(args.warmup):
+        engine.sample(inp, noise)
+    chunk, prefill, decode = [], [], []
+    for _ in range(args.runs):
+        engine.sample(inp, noise)
+        t = engine.last_timings
+        chunk.append(t.total_s)
+        prefill.append(t.prefill_s)
+        decode.append(t.decode_s)
+    result = {"chunk_s": _summary(chunk), "prefill_s": _summary(prefill), "decode_s": _summary(decode),
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+              "threads": torch.get_num_threads(), "mode": args.mode, "hw_profile": engine.hardware.profile,
+              "warmup": args.warmup, "runs": args.runs}
+    text = json.dumps(result, indent=2)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(text)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    engine = _engine(args)
+    rows = engine.plan()
+    print(f"# hw_profile {engine.hardware.profile}, mode {args.mode}; tables: "
+          + ", ".join(str(p) for p in engine.table_files))
+    cols = ("op_name", "op_kind", "layer_role", "stage", "shape_sig", "impl_id", "impl_params", "record")
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)))
+    return 0
+
+
+def cmd_make_checkpoint(args) -> int:
+    from .make_checkpoint import make_checkpoint
+
+    out = make_checkpoint(args.out, args.arch, args.seed, args.cameras)
+    print(f"wrote a RANDOM-WEIGHT {args.arch} SmolVLA checkpoint to {out} (seed {args.seed})")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from edgefm_ros.runtime.tune import tune
+
+    return tune(checkpoint=args.checkpoint, vlm_dir=args.vlm, out_path=args.out, budget_s=args.budget_s,
+                dry_run=args.dry_run, resume=not args.no_resume, mode=args.mode) or 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="edgefm-vla", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def engine_args(p, inputs: bool):
+        p.add_argument("--checkpoint", required=True, help="LeRobot SmolVLA checkpoint directory")
+        p.add_argument("--vlm", default=None, help="backbone dir (config.json + tokenizer); default: HF cache")
+        p.add_argument("--mode", default="exact", choices=("exact", "fast", "reference"))
+        p.add_argument("--table", action="append", default=[], help="extra dispatch table (repeatable)")
+        p.add_argument("--threads", type=int, default=None)
+        if inputs:
+            p.add_argument("--inputs", required=True)
+            p.add_argument("--from-raw", action="store_true")
+            p.add_argument("--task", action="append", default=None)
+
+    p = sub.add_parser("predict", help="run one chunk on an inputs file")
+    engine_args(p, True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=cmd_predict)
+    p = sub.add_parser("bench", help="time chunks on an inputs file")
+    engine_args(p, True)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--json", default=None)
+    p.set_defaults(fn=cmd_bench)
+    p = sub.add_parser("plan", help="print the resolved operator table")
+    engine_args(p, False)
+    p.set_defaults(fn=cmd_plan)
+    p = sub.add_parser("make-checkpoint", help="write a deterministic random-weight checkpoint")
+    p.add_argument("--out", required=True)
+    p.add_argument("--arch", default="tiny", choices=("tiny", "full"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cameras", type=int, default=2)
+    p.set_defaults(fn=cmd_make_checkpoint)
+    p = sub.add_parser("tune", help="search kernel implementations, write config/dispatch/<hw>.yaml")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--vlm", default=None)
+    p.add_argument("--mode", default="fast", choices=("exact", "fast"))
+    p.add_argument("--out", default=None)
+    p.add_argument("--budget-s", type=float, default=600.0)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--no-resume", action="store_true")
+    p.set_defaults(fn=cmd_tune)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as e:  # bad input, checkpoint or table: one clear line, no traceback
+        print(f"edgefm-vla {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
