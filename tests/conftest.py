@@ -1,0 +1,45 @@
+"""Fixtures shared by the whole suite: repository paths and an isolated ROS 2 domain per worker."""
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def install_root(repo_root) -> Path:
+    """colcon's install space of this package (made by scripts/setup.sh)."""
+    return repo_root / "install" / "edgefm_ros"
+
+
+@pytest.fixture(scope="session")
+def shared_reference(repo_root) -> Path:
+    """../shared/reference beside the clone (reference checkpoints and goldens); skips when absent."""
+    path = repo_root.parent / "shared" / "reference"
+    if not path.is_dir():
+        pytest.skip(f"shared reference material not found at {path}")
+    return path
+
+
+def _domain_id() -> int:
+    """A ROS_DOMAIN_ID in [10, 99]: distinct per xdist worker, varied between concurrent runs."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    base = int(run[:8], 16) if run else os.getpid()
+    return 10 + (base + index) % 90
+
+
+@pytest.fixture
+def ros_domain_id(monkeypatch) -> int:
+    """Put this test's ROS 2 traffic (its own and its subprocesses') in a domain of its own, on localhost."""
+    domain = _domain_id()
+    monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
+    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    return domain
