@@ -125,6 +125,8 @@ def load_stats(ckpt: Path, cfg: SmolVLAConfig) -> NormStats:
 class WeightSource:
     """Hands out checkpoint tensors by name, checking shapes, and tracks what was used."""
 
+    RELEASE_EVERY_BYTES = 256 << 20
+
     def __init__(self, path: Path):
         try:
             self.file = MappedSafetensors(path)
@@ -132,6 +134,7 @@ class WeightSource:
             raise CheckpointError(str(e)) from None
         self.path = path
         self.used: set[str] = set()
+        self._taken_bytes = 0  # since the last release of resident pages
 
     def take(self, key: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if key not in self.file.entries:
@@ -140,6 +143,12 @@ class WeightSource:
         if tuple(got) != tuple(shape):
             raise CheckpointError(f"{self.path}: weight {key!r} has shape {list(got)}, expected {list(shape)}")
         self.used.add(key)
+        self._taken_bytes += self.file.entries[key][3]
+        if self._taken_bytes > self.RELEASE_EVERY_BYTES:
+            # kernels that convert weights (bf16, int8, fused copies) touched the originals: drop those
+            # pages so loading never holds both forms of every layer (views re-read on next use)
+            self.file.release()
+            self._taken_bytes = 0
         t = self.file.get(key)
         return t if t.dtype == dtype else t.to(dtype)
 

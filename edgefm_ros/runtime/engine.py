@@ -113,6 +113,7 @@ class Engine:
         with torch.no_grad():
             self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, self.weights).eval()
         self.weights.check_all_used()
+        self.weights.file.release()  # resident again only what inference actually reads
         self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
         # decode constants: timesteps t_k = 1 + k * dt, their embeddings' share of action_time_mlp_in
         self.dt = -1.0 / cfg.num_steps

@@ -67,6 +67,13 @@ class MappedSafetensors:
     def keys(self):
         return self.entries.keys()
 
+    def release(self) -> None:
+        """Drop the mapping's resident pages (MADV_DONTNEED). Tensors stay valid: a later access reads
+        the page again from the file (page cache). Used after weights were converted to other copies,
+        so the fp32 originals do not count twice in resident memory. Weights are never written."""
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
     def shape(self, key: str) -> tuple[int, ...]:
         return self.entries[key][1]
 
