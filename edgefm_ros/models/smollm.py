@@ -11,7 +11,7 @@ from edgefm_ros.runtime.config import TextConfig
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, cfg: TextConfig, ops, w, name: str, role: str):
+    def __init__(self, cfg: TextConfig, ops, w, name: str, role: str, rope_theta: float = 10_000.0):
         super().__init__()
         h, hd = cfg.hidden, cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, hd
@@ -20,7 +20,7 @@ class LlamaLayer(nn.Module):
                               [(w("self_attn.q_proj.weight", cfg.heads * hd, h), None),
                                (w("self_attn.k_proj.weight", cfg.kv_heads * hd, h), None),
                                (w("self_attn.v_proj.weight", cfg.kv_heads * hd, h), None)])
-        self.rope = ops.rope(f"{name}.rope", f"{role}_rope", hd, 10_000.0)
+        self.rope = ops.rope(f"{name}.rope", f"{role}_rope", hd, rope_theta)
         self.attn = ops.attention(f"{name}.self_attn", f"{role}_attn", cfg.heads, cfg.kv_heads, hd)
         self.o = ops.linear(f"{name}.self_attn.o_proj", f"{role}_o",
                             [(w("self_attn.o_proj.weight", h, cfg.heads * hd), None)])

@@ -16,7 +16,7 @@ from .smollm import SmolLM
 
 def sinusoidal_time_embedding(t: torch.Tensor, dim: int, min_period: float, max_period: float) -> torch.Tensor:
     """t [B] f32 -> [B, dim] f32; computed in float64 then cast, as LeRobot does."""
-    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64)
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
     period = min_period * (max_period / min_period) ** fraction
     scale = 1.0 / period * 2 * math.pi
     angle = scale[None, :] * t[:, None]
@@ -59,7 +59,7 @@ class SmolVLA(nn.Module):
     def embed_images(self, pixels):
         """pixels [N, 3, S, S] in [-1, 1] -> [N, T, H] image tokens scaled by sqrt(H)."""
         x = self.connector(self.vision(pixels))
-        return x * torch.tensor(x.shape[-1] ** 0.5, dtype=x.dtype)
+        return x * torch.tensor(x.shape[-1] ** 0.5, dtype=x.dtype, device=x.device)
 
     def embed_language(self, tokens):
         """tokens [B, L] i64 -> [B, L, H] scaled by sqrt(H)."""

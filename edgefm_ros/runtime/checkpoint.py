@@ -127,7 +127,8 @@ class WeightSource:
 
     RELEASE_EVERY_BYTES = 256 << 20
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, device: torch.device | None = None):
+        self.device = device if device is not None else torch.device("cpu")
         try:
             self.file = MappedSafetensors(path)
         except SafetensorsError as e:
@@ -150,7 +151,7 @@ class WeightSource:
             self.file.release()
             self._taken_bytes = 0
         t = self.file.get(key)
-        return t if t.dtype == dtype else t.to(dtype)
+        return t.to(device=self.device, dtype=dtype)  # no copy on CPU for fp32: stays a view of the mapping
 
     def scoped(self, prefix: str) -> "Scoped":
         return Scoped(self, prefix)
@@ -190,8 +191,8 @@ class Checkpoint:
             raise CheckpointError(f"tokenizer missing: {p} (the backbone directory must hold tokenizer.json)")
         return p
 
-    def weights(self) -> WeightSource:
-        return WeightSource(self.weights_path)
+    def weights(self, device: torch.device | None = None) -> WeightSource:
+        return WeightSource(self.weights_path, device)
 
 
 def load_checkpoint(path: str | Path, vlm_dir: str | Path | None = None) -> Checkpoint:

@@ -109,7 +109,8 @@ class Engine:
         tables += [Path(t) for t in config.tables]
         self.table_files = tables
         self.resolver = OpResolver(Table.from_files(tables), hardware.profile, "smolvla", stage_of)
-        self.weights = ckpt.weights()  # the file mapping the model's fp32 weights are views of
+        self.device = torch.device(config.device)
+        self.weights = ckpt.weights(self.device)  # on CPU: the file mapping the fp32 weights are views of
         with torch.no_grad():
             self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, self.weights).eval()
         self.weights.check_all_used()
@@ -117,7 +118,7 @@ class Engine:
         self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
         # decode constants: timesteps t_k = 1 + k * dt, their embeddings' share of action_time_mlp_in
         self.dt = -1.0 / cfg.num_steps
-        t = torch.tensor([1.0 + k * self.dt for k in range(cfg.num_steps)], dtype=torch.float32)
+        t = torch.tensor([1.0 + k * self.dt for k in range(cfg.num_steps)], dtype=torch.float32, device=self.device)
         with torch.no_grad():
             self.time_terms = self.model.time_terms(t)  # [S, He]
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -137,17 +138,18 @@ class Engine:
     # ---- phases ---------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, inp: ModelInputs) -> Prefix:
-        m, cfg = self.model, self.cfg
+        m, cfg, dev = self.model, self.cfg, self.device
+        inp = inp.to(dev)
         b, ncam = inp.batch, len(inp.images)
         img = m.embed_images(torch.cat(inp.images, dim=0))  # [ncam*B, T, H]
         t = img.shape[1]
         img = img.view(ncam, b, t, -1).transpose(0, 1).reshape(b, ncam * t, -1)
         embs = torch.cat([img, m.embed_language(inp.lang_tokens), m.embed_state(inp.state)], dim=1)
         pad = torch.cat([torch.stack(inp.img_masks, 1).repeat_interleave(t, dim=1), inp.lang_masks.bool(),
-                         torch.ones(b, 1, dtype=torch.bool)], dim=1)  # [B, P]
+                         torch.ones(b, 1, dtype=torch.bool, device=dev)], dim=1)  # [B, P]
         p = pad.shape[1]
         # images + language form one bidirectional block; the state token is its own (causal) block
-        block = torch.zeros(p, dtype=torch.long)
+        block = torch.zeros(p, dtype=torch.long, device=dev)
         block[-1] = 1
         mask = (block[None, :] <= block[:, None])[None] & pad[:, None, :] & pad[:, :, None]  # [B, P, P]
         pos = torch.cumsum(pad, dim=1) - 1
@@ -156,9 +158,9 @@ class Engine:
         contexts = [layer.context(*kv[i]) if layer.cross else kv[i] for i, layer in enumerate(m.expert)]
         c = cfg.chunk_size
         n_valid = pad.sum(dim=1, keepdim=True)
-        steps = torch.arange(c)[None, :]
+        steps = torch.arange(c, device=dev)[None, :]
         e0 = m.expert[0]
-        causal = torch.ones(c, c, dtype=torch.bool).tril()
+        causal = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
         mask_cross = pad[:, None, :].expand(b, c, p)
         return Prefix(contexts, e0.rope.tables(n_valid + steps, e0.head_dim),
                       e0.rope.tables(steps.expand(b, c), e0.head_dim),
@@ -167,7 +169,7 @@ class Engine:
     @torch.no_grad()
     def decode(self, prefix: Prefix, noise: torch.Tensor, trace: list | None = None) -> torch.Tensor:
         """noise [B, C, A] (x at t = 1) -> normalised actions [B, C, A]."""
-        x = noise
+        x = noise.to(self.device)
         for k in range(self.cfg.num_steps):
             v = self.model.velocity(x, self.time_terms[k], prefix.contexts, prefix.rope_self, prefix.rope_cross,
                                     prefix.mask_self, prefix.mask_cross)
@@ -217,7 +219,7 @@ class Engine:
             if np.shape(noise) != shape:
                 raise InputError(f"noise must have shape {shape}, got {np.shape(noise)}")
             nz = torch.as_tensor(np.asarray(noise, dtype=np.float32))[None]
-        actions = self.preprocess.actions(self.sample(inp, nz))[0]
+        actions = self.preprocess.actions(self.sample(inp, nz).cpu())[0]
         total = time.perf_counter() - t0
         tm = self.last_timings
         return ActionChunk(actions=actions.numpy().astype(np.float32), dt=dt, stamp=obs.stamp, source=source,

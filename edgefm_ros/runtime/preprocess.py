@@ -108,6 +108,13 @@ class ModelInputs:
     def batch(self) -> int:
         return self.state.shape[0]
 
+    def to(self, device: torch.device) -> "ModelInputs":
+        if self.state.device == device:
+            return self
+        mv = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
+        return ModelInputs(mv(self.images), mv(self.img_masks), self.lang_tokens.to(device),
+                           self.lang_masks.to(device), self.state.to(device))
+
 
 class Preprocessor:
     def __init__(self, cfg: SmolVLAConfig, stats: NormStats, tokenizer: Tokenizer):
