@@ -28,6 +28,21 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 touch "$VENV/COLCON_IGNORE"
 
+# System tools of the cloud tier: nginx (bearer token, TLS, size limit in front of MLServer) and
+# openssl (test certificates). Installed from Debian's packages when missing.
+if ! command -v nginx >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  if command -v apt-get >/dev/null 2>&1; then
+    step "apt-get install nginx-light openssl"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq >/dev/null && $SUDO apt-get install -y -qq nginx-light openssl >/dev/null \
+      || echo "setup: could not install nginx/openssl; the cloud tier's proxy tests will skip" >&2
+  else
+    echo "setup: no apt-get; install nginx and openssl for the cloud tier" >&2
+  fi
+fi
+
 step "torch 2.13.0 (CPU, local disk)"
 pip_install torch==2.13.0
 

@@ -1,0 +1,84 @@
+"""``edgefm-cloud``: serve the edgefm runtime over the Open Inference Protocol.
+
+  edgefm-cloud serve --checkpoint DIR [--vlm DIR] [--mode exact|fast] [--host 127.0.0.1] [--port 8080]
+                     [--grpc-port N] [--token-file F | --token T] [--tls-cert C --tls-key K] ...
+
+The token may also come from the environment variable EDGEFM_CLOUD_TOKEN (keeps it out of `ps`).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from edgefm_ros.cloud.serving import ServeConfig
+
+TOKEN_ENV = "EDGEFM_CLOUD_TOKEN"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgefm-cloud", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="start MLServer with the edgefm runtime, behind nginx (auth, TLS, size limit)")
+    s.add_argument("--checkpoint", required=True, help="LeRobot SmolVLA checkpoint directory")
+    s.add_argument("--vlm", default=None, help="VLM config/tokenizer directory (default: from the checkpoint)")
+    s.add_argument("--mode", choices=("exact", "fast"), default="exact")
+    s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda when available")
+    s.add_argument("--model-name", default="smolvla", help="model name in the v2 URLs (default smolvla)")
+    s.add_argument("--host", default="127.0.0.1", help="public address (default loopback)")
+    s.add_argument("--port", type=int, default=8080, help="public REST port (default 8080)")
+    s.add_argument("--grpc-port", type=int, default=None, help="public gRPC port (default: not exposed)")
+    s.add_argument("--token", default=None, help=f"bearer token (prefer --token-file or ${TOKEN_ENV})")
+    s.add_argument("--token-file", default=None, help="file holding the bearer token")
+    s.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve HTTPS")
+    s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    s.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted (default 16)")
+    s.add_argument("--threads", type=int, default=None, help="torch threads of the engine")
+    s.add_argument("--workers", type=int, default=0,
+                   help="MLServer parallel_workers: engine processes (0: one engine in the server process)")
+    s.add_argument("--no-proxy", action="store_true",
+                   help="no nginx: MLServer listens on --host/--port itself (auth/TLS done by the platform)")
+    s.add_argument("--allow-no-auth", action="store_true", help="allow a non-loopback host without a token")
+    s.add_argument("--fault-injection", action="store_true",
+                   help="honour the request parameter fault_delay_s (tests and drills only)")
+    s.add_argument("--nginx", default="nginx", help="nginx executable (default: nginx on PATH or /usr/sbin)")
+    s.add_argument("--config-dir", default=None, help="directory with settings.json, model-settings.json, "
+                   "nginx.conf.in (default: $EDGEFM_CLOUD_CONFIG_DIR, else config/cloud of the source tree or "
+                   "the install)")
+    s.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the model to load")
+    return p
+
+
+def _token(args) -> str | None:
+    if args.token_file:
+        with open(args.token_file) as f:
+            return f.read().strip()
+    return args.token or os.environ.get(TOKEN_ENV) or None
+
+
+def config_from_args(args) -> ServeConfig:
+    return ServeConfig(
+        checkpoint=args.checkpoint, vlm=args.vlm, mode=args.mode, device=args.device, model_name=args.model_name,
+        host=args.host,
+        port=args.port, grpc_port=args.grpc_port, token=_token(args), tls_cert=args.tls_cert, tls_key=args.tls_key,
+        max_body_bytes=int(args.max_body_mb * (1 << 20)), threads=args.threads, workers=args.workers,
+        proxy=not args.no_proxy, allow_no_auth=args.allow_no_auth, fault_injection=args.fault_injection,
+        nginx=args.nginx, config_dir=args.config_dir, ready_timeout_s=args.ready_timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except (ValueError, OSError) as e:
+        logging.getLogger("edgefm_ros.cloud.cli").error("%s", e)
+        return 2
+    from edgefm_ros.cloud.serve import serve
+
+    return serve(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""action_node: the control loop. Keeps the action queue, publishes one command per tick, holds when empty.
+
+Lifecycle: configure creates the publishers and the chunk subscription; activate starts the control thread
+(absolute deadlines on the monotonic clock, not an rclpy timer: a timer shares the executor with the
+subscriptions); deactivate stops it and publishes the last commanded position once more (safe stop).
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import sys
+import threading
+import time
+
+import rclpy
+import rclpy.logging
+from builtin_interfaces.msg import Duration
+from rclpy.exceptions import ParameterException
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from edgefm_ros.control.commander import Command
+from edgefm_ros.control.core import ControlCore
+from edgefm_ros.control.stats import TickStats
+from edgefm_ros.control.ticker import Ticker
+from edgefm_ros.msg import ActionChunk as ActionChunkMsg
+from edgefm_ros.msg import QueueStatus
+from edgefm_ros.ros import diagnostics as diag
+from edgefm_ros.ros import qos
+from edgefm_ros.ros.action_params import NODE_NAME, PARAMS, ActionNodeConfig, make_config
+from edgefm_ros.ros.convert import msg_to_chunk, to_stamp
+from edgefm_ros.ros.params import declare
+
+COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
+               "joint_state": JointState}
+
+
+def command_msg(kind: str, names: tuple[str, ...], positions, stamp, period: float):
+    """The command message of ``kind`` for one action (positions in ``names`` order)."""
+    pos = [float(x) for x in positions]
+    if kind == "float64_multi_array":
+        return Float64MultiArray(data=pos)
+    if kind == "joint_state":
+        m = JointState(name=list(names), position=pos)
+        m.header.stamp = stamp
+        return m
+    ns = int(period * 1e9)
+    m = JointTrajectory(joint_names=list(names), points=[JointTrajectoryPoint(
+        positions=pos, time_from_start=Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000))])
+    m.header.stamp = stamp
+    return m
+
+
+class ActionNode(LifecycleNode):
+    def __init__(self, **kwargs):
+        super().__init__(NODE_NAME, **kwargs)
+        self.values = declare(self, PARAMS)
+        self.cfg: ActionNodeConfig | None = None
+        self.core: ControlCore | None = None
+        self.ticks: TickStats | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._active = False
+        self._holding_reason = "not active"
+        self._bad_chunks: list[str] = []
+        self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
+        period = self.values["diagnostics_period_s"]
+        self._diag_timer = self.create_timer(period, self._publish_diagnostics)
+        if self.values["autostart"]:
+            if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+                self.trigger_activate()
+
+    # lifecycle -------------------------------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            self.cfg = make_config(self.values)
+        except ValueError as e:
+            self.get_logger().error(f"configure failed: {e}")
+            return TransitionCallbackReturn.FAILURE
+        c = self.cfg
+        self.core = ControlCore(c.period, c.aggregate, c.chunk_size_threshold, c.joint_names)
+        self.ticks = TickStats(c.period)
+        self._cmd_pub = self.create_lifecycle_publisher(COMMAND_MSG[c.command_type], c.command_topic, qos.RELIABLE)
+        self._status_pub = self.create_lifecycle_publisher(QueueStatus, c.queue_status_topic, qos.RELIABLE)
+        self._chunk_sub = self.create_subscription(ActionChunkMsg, c.chunk_topic, self._on_chunk, qos.RELIABLE)
+        self.get_logger().info(f"configured: {c.control_rate_hz:g} Hz, {c.command_type} on {c.command_topic}, "
+                               f"aggregate {c.aggregate}, threshold {c.chunk_size_threshold:g}")
+        return super().on_configure(state)
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        ret = super().on_activate(state)
+        if self.cfg.realtime_priority > 0:
+            # the executor thread (this one) holds the GIL while merging chunks: give it real-time priority
+            # just below the control thread's, so it is never preempted by other processes while the control
+            # thread waits for the GIL (priority inversion)
+            self._set_realtime(max(1, self.cfg.realtime_priority - 1), "executor thread")
+        gc.freeze()  # objects made so far are never scanned again: short collections while running
+        self._stop.clear()
+        self.ticks = TickStats(self.cfg.period)
+        self._active = True
+        self._thread = threading.Thread(target=self._control_loop, name="control", daemon=True)
+        self._thread.start()
+        self.get_logger().info("active: control loop running")
+        return ret
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_loop()
+        cmd = self.core.hold()
+        if cmd.positions is not None and self.context.ok():
+            self._cmd_pub.publish(self._command(cmd))
+        self._holding_reason = "inactive"
+        self.get_logger().info("deactivated: holding the last commanded position")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_loop()
+        self.destroy_subscription(self._chunk_sub)
+        self.destroy_lifecycle_publisher(self._cmd_pub)
+        self.destroy_lifecycle_publisher(self._status_pub)
+        self.core = None
+        return super().on_cleanup(state)
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_loop()
+        return super().on_shutdown(state)
+
+    def _stop_loop(self) -> None:
+        self._active = False
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+
+    # data path -------------------------------------------------------------------------------------------
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def _on_chunk(self, msg: ActionChunkMsg) -> None:
+        if not self._active or self.core is None:
+            return
+        try:
+            r = self.core.merge(msg_to_chunk(msg), self._now())
+        except ValueError as e:
+            self._bad_chunks = (self._bad_chunks + [str(e)])[-3:]
+            self.get_logger().warning(f"chunk {msg.sequence} refused: {e}", throttle_duration_sec=1.0)
+            return
+        if r.scheduled == 0:
+            self.get_logger().warning(f"chunk {msg.sequence} arrived {r.latency_s:.3f}s after its observation: "
+                                      "entirely in the past, dropped", throttle_duration_sec=1.0)
+
+    def _command(self, cmd: Command):
+        return command_msg(self.cfg.command_type, self.core.joint_names, cmd.positions,
+                           to_stamp(self._now()), self.cfg.period)
+
+    def _control_loop(self) -> None:
+        c = self.cfg
+        if c.realtime_priority > 0:
+            self._set_realtime(c.realtime_priority, "control thread")
+        ticker = Ticker(c.period, c.spin_s)
+        self.core.start(self._now())  # tick k is due at ticker.start + k * period = grid.origin + k * period (ROS)
+        while not self._stop.is_set():
+            tick = ticker.wait(self._stop)
+            if tick is None or not self.context.ok():
+                break
+            cmd = self.core.tick(tick.index)
+            state = self.core.state()
+            now_mono = time.monotonic()
+            try:
+                if cmd.positions is not None:
+                    self._cmd_pub.publish(self._command(cmd))
+                self._status_pub.publish(self._status(state, cmd))
+            except Exception as e:  # context invalidated during shutdown
+                if self.context.ok():
+                    self.get_logger().error(f"publish failed: {e}")
+                break
+            self.ticks.record(now_mono, tick.deadline, tick.missed)
+            self._holding_reason = "queue empty" if cmd.holding else ""
+
+    def _set_realtime(self, priority: int, what: str) -> None:
+        """SCHED_FIFO for the calling thread; a warning (and normal scheduling) when not permitted."""
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        except (PermissionError, OSError) as e:
+            self.get_logger().warning(f"realtime priority {priority} not applied to the {what}: {e}")
+
+    def _status(self, s, cmd: Command) -> QueueStatus:
+        cnt = self.core.counters()
+        m = QueueStatus(queue_size=s.queue_size, chunk_size=s.chunk_size, fill_ratio=float(s.fill_ratio),
+                        request_chunk=s.request_chunk, must_go=s.must_go, holding=cmd.holding,
+                        underruns=cnt.underruns, last_chunk_sequence=cnt.last_seq)
+        m.header.stamp = to_stamp(self._now())
+        return m
+
+    # diagnostics -----------------------------------------------------------------------------------------
+    def _publish_diagnostics(self) -> None:
+        if not self.context.ok():
+            return
+        values: dict[str, object] = {"state": "active" if self._active else "inactive"}
+        level, message = diag.OK, "running"
+        if self.core is not None and self.ticks is not None:
+            cnt = self.core.counters()
+            st = self.core.state()
+            t = self.ticks.summary()
+            values.update({"control_rate_hz": t["rate_hz"], "target_rate_hz": self.cfg.control_rate_hz,
+                           "tick_jitter_p50_ms": t["period_error_ms_p50"],
+                           "tick_jitter_p99_ms": t["period_error_ms_p99"],
+                           "tick_jitter_max_ms": t["period_error_ms_max"], "missed_ticks": int(t["missed_ticks"]),
+                           "queue_depth": st.queue_size, "chunk_ticks": st.chunk_size, "chunks": cnt.chunks,
+                           "rejected_chunks": cnt.rejected_chunks, "late_chunks": cnt.late_chunks,
+                           "underruns": cnt.underruns, "waiting_ticks": cnt.waiting_ticks,
+                           "last_chunk_sequence": cnt.last_seq, "holding": bool(self._holding_reason)})
+            values.update(self.core.arrival_latency.summary("chunk_latency_ms", 1e3))
+            values.update(self.core.frame_to_action.summary("frame_to_action_ms", 1e3))
+            values.update(self.core.skipped_rows.summary("skipped_rows"))
+            since = self._now() - cnt.last_chunk_time
+            values["since_last_chunk_s"] = since if math.isfinite(since) else float("nan")
+            if self._holding_reason:
+                level = diag.WARN
+                message = f"holding last commanded position: {self._holding_reason}"
+                if self._active and not (since <= self.cfg.producer_timeout_s):
+                    message += f"; no chunk for {since:.1f}s (producer lost?)" if math.isfinite(since) else \
+                        "; no chunk received yet"
+            if self._bad_chunks:
+                values["last_rejection"] = self._bad_chunks[-1]
+        else:
+            level, message = diag.WARN, "unconfigured"
+        status = diag.make_status(f"{self.get_name()}: control", self.get_fully_qualified_name(), level,
+                                  message, values)
+        try:
+            self._diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
+        except Exception:  # context gone during shutdown
+            pass
+
+
+def main(args=None) -> int:
+    sys.setswitchinterval(0.0001)  # the control thread must not wait long for the GIL
+    rclpy.init(args=args)
+    try:
+        node = ActionNode()
+    except (ValueError, ParameterException) as e:  # invalid parameters: say which, exit non-zero
+        rclpy.logging.get_logger(NODE_NAME).fatal(f"invalid parameters: {e}")
+        rclpy.try_shutdown()
+        return 2
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node._stop_loop()
+        node.destroy_node()
+        if rclpy.ok():
+            rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,437 @@
+"""vla_node: cameras + joint states + instruction in, ActionChunk out, one chunk whenever action_node asks.
+
+Lifecycle: configure loads the model (Engine.from_checkpoint) and subscribes; activate warms the engine up
+and starts the worker thread; deactivate stops taking new work; cleanup frees the model.
+Callbacks only validate and cache sensor data; a QueueStatus asking for a chunk puts a snapshot in a
+one-slot buffer that the worker turns into an Observation (or refuses: stale, missing camera, ...).
+The router's latest decision picks edge or cloud; the cloud falls back to the edge on any error or a
+missed deadline ("edge-fallback").
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+from collections import Counter
+
+import rclpy
+import rclpy.logging
+from rclpy.exceptions import ParameterException
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import Float64MultiArray, String
+
+from edgefm_ros.control.request import ChunkRequester
+from edgefm_ros.control.slot import LatestSlot
+from edgefm_ros.control.stats import RollingStats
+from edgefm_ros.msg import ActionChunk as ActionChunkMsg
+from edgefm_ros.msg import QueueStatus
+from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
+from edgefm_ros.ros import diagnostics as diag
+from edgefm_ros.ros import qos
+from edgefm_ros.ros.convert import chunk_to_msg, image_msg_to_rgb, msg_to_route, to_sec
+from edgefm_ros.ros.joints import JointOrder
+from edgefm_ros.ros.observation import Frame, RefusalCounter, Refusal, SensorCache, Snapshot, assemble
+from edgefm_ros.ros.params import declare
+from edgefm_ros.ros.vla_params import NODE_NAME, PARAMS, VlaNodeConfig, make_config
+from edgefm_ros.types import ActionChunk, Observation, RouteDecision
+
+
+def _expand(path: str) -> str | None:
+    """~ and $VARS expanded; None for an empty path."""
+    return os.path.expanduser(os.path.expandvars(path)) if path else None
+
+
+class LinkSamples:
+    """The cloud client's link observer: each call's measurements go to router_node as a
+    Float64MultiArray [upload_bytes, upload_s, rtt_s] ([] for a failed call)."""
+
+    def __init__(self, publisher):
+        self.publisher = publisher
+
+    def observe(self, upload_bytes: int, upload_s: float, rtt_s: float, now: float) -> None:
+        self.publisher.publish(Float64MultiArray(data=[float(upload_bytes), float(upload_s), float(rtt_s)]))
+
+    def observe_failure(self, now: float) -> None:
+        self.publisher.publish(Float64MultiArray(data=[]))
+
+
+def make_remote_policy(cfg: VlaNodeConfig, logger, link=None):
+    """The cloud client (``predict(obs, deadline_s) -> ActionChunk``) when a URL is configured, else None.
+
+    The bearer token comes from $EDGEFM_CLOUD_TOKEN (as for ``edgefm-cloud``)."""
+    if not cfg.cloud_url:
+        return None
+    try:
+        from edgefm_ros.cloud.client import CloudPolicy
+    except ImportError as e:
+        logger.warning(f"cloud_url set but no cloud client is available ({e}); edge only")
+        return None
+    return CloudPolicy(cfg.cloud_url, os.environ.get("EDGEFM_CLOUD_TOKEN") or None, link=link,
+                       joint_names=cfg.action_names)
+
+
+def _cloud_kwargs(remote, decision: RouteDecision, seq: int, dt: float) -> dict:
+    """Extra predict() arguments for our CloudPolicy: the encoding the router chose, seq and dt."""
+    try:
+        from edgefm_ros.cloud.client import CloudPolicy
+        from edgefm_ros.cloud.images import Encoding
+    except ImportError:
+        return {}
+    if not isinstance(remote, CloudPolicy):
+        return {}
+    p = decision.params
+    return {"encoding": Encoding.from_route(p.get("jpeg_quality", 0), p.get("resolution", 0)), "seq": seq, "dt": dt}
+
+
+class VlaNode(LifecycleNode):
+    def __init__(self, remote=None, **kwargs):
+        super().__init__(NODE_NAME, **kwargs)
+        self.values = declare(self, PARAMS)
+        self.cfg: VlaNodeConfig | None = None
+        self.engine = None
+        self.remote = remote  # optional: predict(obs, deadline_s) -> ActionChunk
+        self._own_remote = False  # made from cloud_url at configure (closed at cleanup)
+        self._active = False
+        self._stop = threading.Event()
+        self._worker: threading.Thread | None = None
+        self._slot: LatestSlot = LatestSlot()
+        self._req_lock = threading.Lock()
+        self._requester = ChunkRequester()
+        self._route: tuple[RouteDecision, float] | None = None  # (decision, received at)
+        self._seq = 0
+        self._subs: list = []
+        self._reset_stats()
+        self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
+        self._diag_timer = self.create_timer(self.values["diagnostics_period_s"], self._publish_diagnostics)
+        if self.values["autostart"]:
+            if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+                self.trigger_activate()
+
+    def _reset_stats(self) -> None:
+        self.refusals = RefusalCounter()
+        self.bad_messages: Counter[str] = Counter()
+        self.last_bad_message = ""
+        self._bad_recent = 0  # malformed messages since the last diagnostics
+        self.routes: Counter[str] = Counter()
+        self.errors = 0
+        self.chunks = 0
+        self.last_outcome = ""  # "chunk" or "refused"
+        self.lat = {k: RollingStats() for k in ("prefill", "decode", "compute", "frame_to_chunk")}
+        self.last_route = "edge (no decision)"
+
+    # lifecycle -------------------------------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        log = self.get_logger()
+        try:
+            self.cfg = c = make_config(self.values)
+            from edgefm_ros.runtime.engine import Engine
+
+            t0 = time.perf_counter()
+            self.engine = Engine.from_checkpoint(_expand(c.checkpoint), _expand(c.vlm_dir), mode=c.mode,
+                                                 tables=[_expand(t) for t in c.tables], threads=c.threads or None)
+            self._check_spec(c, self.engine.spec)
+        except Exception as e:  # bad parameters or checkpoint: stay unconfigured, say why
+            log.error(f"configure failed: {e}")
+            self.engine = None
+            return TransitionCallbackReturn.FAILURE
+        spec = self.engine.spec
+        log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras {list(spec.camera_keys)}, "
+                 f"state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}")
+        self.order = JointOrder(c.state_joint_names)
+        self.cache = SensorCache(c.camera_keys)
+        self.cache.put_task(c.default_task, 0.0)
+        self._image_hw = {k: (s[1], s[2]) for k, s in spec.image_shapes.items()}
+        if self.remote is None and c.cloud_url:
+            self._link_pub = self.create_publisher(Float64MultiArray, c.link_sample_topic, qos.RELIABLE)
+            self.remote = make_remote_policy(c, log, LinkSamples(self._link_pub))
+            self._own_remote = self.remote is not None
+        self._chunk_pub = self.create_lifecycle_publisher(ActionChunkMsg, c.chunk_topic, qos.RELIABLE)
+        for topic, key, transport in zip(c.camera_topics, c.camera_keys, c.transports):
+            mtype = CompressedImage if transport == "compressed" else Image
+            self._subs.append(self.create_subscription(
+                mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR))
+        self._subs += [
+            self.create_subscription(JointState, c.joint_states_topic, self._on_joint_state, qos.SENSOR),
+            self.create_subscription(String, c.instruction_topic, self._on_instruction, qos.LATCHED),
+            self.create_subscription(QueueStatus, c.queue_status_topic, self._on_queue_status, qos.LATEST),
+            self.create_subscription(RouteDecisionMsg, c.route_topic, self._on_route, qos.LATEST),
+        ]
+        self._requester = ChunkRequester(c.merge_timeout_s)
+        return super().on_configure(state)
+
+    @staticmethod
+    def _check_spec(c: VlaNodeConfig, spec) -> None:
+        unknown = [k for k in c.camera_keys if k not in spec.camera_keys]
+        if unknown:
+            raise ValueError(f"camera_keys {unknown} are not cameras of the model {list(spec.camera_keys)}")
+        if len(c.state_joint_names) != spec.state_dim:
+            raise ValueError(f"state_joint_names has {len(c.state_joint_names)} names, the model's state_dim is "
+                             f"{spec.state_dim}")
+        if len(c.action_names) != spec.action_dim:
+            raise ValueError(f"action_joint_names has {len(c.action_names)} names, the model's action_dim is "
+                             f"{spec.action_dim}")
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        t0 = time.perf_counter()
+        try:
+            self.engine.warmup()
+        except Exception as e:
+            self.get_logger().error(f"warm-up failed: {e}")
+            return TransitionCallbackReturn.FAILURE
+        self.get_logger().info(f"warm-up done in {time.perf_counter() - t0:.2f}s; waiting for chunk requests")
+        ret = super().on_activate(state)
+        self._stop.clear()
+        self._slot = LatestSlot()
+        self._requester = ChunkRequester(self.cfg.merge_timeout_s)
+        self._worker = threading.Thread(target=self._work, name="inference", daemon=True)
+        self._worker.start()
+        self._active = True
+        return ret
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker()
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker()
+        for s in self._subs:
+            self.destroy_subscription(s)
+        self._subs = []
+        self.destroy_lifecycle_publisher(self._chunk_pub)
+        self.engine = None
+        if self._own_remote and self.remote is not None:
+            self.remote.close()
+            self.remote, self._own_remote = None, False
+        return super().on_cleanup(state)
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_worker()
+        return super().on_shutdown(state)
+
+    def _stop_worker(self) -> None:
+        self._active = False
+        self._stop.set()
+        self._slot.close()
+        if self._worker is not None:
+            self._worker.join(timeout=10.0)
+            self._worker = None
+
+    # callbacks: validate and cache -----------------------------------------------------------------------
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def _stamp(self, header) -> float:
+        t = to_sec(header.stamp)
+        return t if t > 0 else self._now()  # unstamped: time of arrival
+
+    def _bad(self, kind: str, detail: str) -> None:
+        self.bad_messages[kind] += 1
+        self._bad_recent += 1
+        self.last_bad_message = f"bad {kind}: {detail}"
+        self.get_logger().warning(f"bad {kind} message ignored: {detail}", throttle_duration_sec=2.0)
+
+    def _on_image(self, key: str, msg) -> None:
+        try:
+            if isinstance(msg, CompressedImage):
+                if len(msg.data) == 0:
+                    raise ValueError(f"compressed image ({msg.format!r}) holds no data")
+                frame = Frame(self._stamp(msg.header), compressed=bytes(msg.data), fmt=msg.format)
+            else:
+                frame = Frame(self._stamp(msg.header), rgb=image_msg_to_rgb(msg))
+        except ValueError as e:
+            return self._bad("image", f"camera {key!r}: {e}")
+        self.cache.put_frame(key, frame)
+
+    def _on_joint_state(self, msg: JointState) -> None:
+        try:
+            state = self.order.reorder(list(msg.name), msg.position)
+        except ValueError as e:
+            return self._bad("joint_state", str(e))
+        self.cache.put_state(state, self._stamp(msg.header))
+
+    def _on_instruction(self, msg: String) -> None:
+        task = msg.data.strip()
+        if not task:
+            return self._bad("instruction", "empty instruction ignored")
+        if task != self.cache.task:
+            self.get_logger().info(f"instruction: {task!r}")
+        self.cache.put_task(task, self._now())
+
+    def _on_route(self, msg: RouteDecisionMsg) -> None:
+        try:
+            self._route = (msg_to_route(msg), self._now())
+        except ValueError as e:
+            self._bad("route", str(e))
+
+    def _on_queue_status(self, msg: QueueStatus) -> None:
+        if not self._active:
+            return
+        now = self._now()
+        with self._req_lock:
+            if not self._requester.should_start(msg.request_chunk, msg.must_go, msg.last_chunk_sequence, now):
+                return
+            self._requester.started()
+        self._slot.put((self.cache.snapshot(now), self._route))
+
+    # worker ----------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            item = self._slot.take(timeout=0.2)
+            if item is None:
+                continue
+            seq = 0
+            try:
+                seq = self._compute(*item)
+            except Exception as e:  # never let one bad chunk kill the worker
+                self.errors += 1
+                self.get_logger().error(f"inference failed: {e!r}", throttle_duration_sec=2.0)
+            finally:
+                with self._req_lock:
+                    self._requester.finished(seq, self._now())
+
+    def _choose_target(self, route: tuple[RouteDecision, float] | None, now: float) -> RouteDecision | None:
+        c = self.cfg
+        if not c.use_route or route is None or now - route[1] > c.route_max_age_s:
+            return None
+        return route[0]
+
+    def _compute(self, snap: Snapshot, route) -> int:
+        c, spec = self.cfg, self.engine.spec
+        now = self._now()
+        obs = assemble(snap, required=c.required, model_keys=spec.camera_keys, image_hw=self._image_hw,
+                       max_age_s=c.max_observation_age_s, now=now, resize=c.resize_images)
+        if isinstance(obs, Refusal):
+            return self._refuse(obs)
+        decision = self._choose_target(route, now)
+        self.last_route = "edge (no decision)" if decision is None else \
+            f"{decision.target} ({decision.candidate}: {decision.reason})"
+        seq = self._seq + 1
+        chunk, source = None, "edge"
+        if decision is not None and decision.target == "cloud":
+            chunk, source = self._cloud(obs, decision, seq)
+        if chunk is None:
+            try:
+                chunk = self.engine.predict(obs, dt=1.0 / c.action_rate_hz, seq=seq, source=source)
+            except ValueError as e:
+                return self._refuse(Refusal("model_rejected", str(e)))
+            tm = self.engine.last_timings
+            self.lat["prefill"].add(tm.prefill_s)
+            self.lat["decode"].add(tm.decode_s)
+            self.lat["compute"].add(tm.total_s)
+        ready = self._now()
+        chunk = dataclasses.replace(chunk, joint_names=c.action_names, stamp=obs.stamp, seq=seq,
+                                    source=source, dt=1.0 / c.action_rate_hz, inference_s=ready - obs.stamp)
+        if not self._active or not self.context.ok():
+            return 0
+        self._chunk_pub.publish(chunk_to_msg(chunk))
+        self._seq = seq
+        self.chunks += 1
+        self.routes[source] += 1
+        self.lat["frame_to_chunk"].add(ready - obs.stamp)
+        self.last_outcome = "chunk"
+        return seq
+
+    def _cloud(self, obs: Observation, decision: RouteDecision, seq: int) -> tuple[ActionChunk | None, str]:
+        """(chunk, "cloud") from the remote policy, or (None, "edge-fallback") on any failure or late answer."""
+        if self.remote is None:
+            return None, "edge-fallback"
+        deadline = self.cfg.cloud_deadline_s
+        t0 = time.perf_counter()
+        try:
+            chunk = self.remote.predict(obs, deadline, **_cloud_kwargs(self.remote, decision, seq,
+                                                                         1.0 / self.cfg.action_rate_hz))
+            took = time.perf_counter() - t0
+            if took > deadline:
+                raise TimeoutError(f"cloud answered after {took:.3f}s (deadline {deadline:g}s)")
+            spec = self.engine.spec
+            if chunk.action_dim != spec.action_dim:
+                raise ValueError(f"cloud chunk has action_dim {chunk.action_dim}, expected {spec.action_dim}")
+        except Exception as e:
+            self.get_logger().warning(f"cloud failed, running on the edge: {e}", throttle_duration_sec=2.0)
+            return None, "edge-fallback"
+        self.lat["compute"].add(took)
+        return chunk, "cloud"
+
+    def _refuse(self, r: Refusal) -> int:
+        self.refusals.add(r)
+        self.last_outcome = "refused"
+        self.get_logger().warning(f"observation refused: {r.reason}: {r.detail}", throttle_duration_sec=2.0)
+        return 0
+
+    # diagnostics -----------------------------------------------------------------------------------------
+    def _publish_diagnostics(self) -> None:
+        if not self.context.ok():
+            return
+        values: dict[str, object] = {"state": "active" if self._active else "inactive"}
+        if self.engine is None:
+            level, message = diag.WARN, "unconfigured (no model loaded)"
+        else:
+            values.update(self._diag_values(self._now()))
+            level, message = self._diag_level()
+        self._bad_recent = 0
+        status = diag.make_status(f"{self.get_name()}: inference", self.get_fully_qualified_name(), level,
+                                  message, values)
+        try:
+            self._diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
+        except Exception:  # context gone during shutdown
+            pass
+
+    def _diag_values(self, now: float) -> dict[str, object]:
+        v: dict[str, object] = {"model": self.engine.spec.name, "chunks": self.chunks, "errors": self.errors,
+                                "refused": self.refusals.total, "dropped_observations": self._slot.overwritten,
+                                "route": self.last_route}
+        v.update({f"refused_{k}": n for k, n in sorted(self.refusals.counts.items())})
+        v.update({f"bad_{k}": n for k, n in sorted(self.bad_messages.items())})
+        v.update({f"route_{k}": n for k, n in sorted(self.routes.items())})
+        for k, s in self.lat.items():
+            v.update(s.summary(f"{k}_ms", 1e3))
+        if self.remote is not None and hasattr(self.remote, "stats"):
+            v.update({f"cloud_{k}": x for k, x in self.remote.stats().items()})
+        snap = self.cache.snapshot(now)
+        for key in self.cfg.camera_keys:
+            f = snap.frames.get(key)
+            v[f"age_{key}_s"] = now - f.stamp if f is not None else float("nan")
+        v["age_joint_states_s"] = now - snap.state_stamp
+        v["task"] = snap.task
+        if self.refusals.last:
+            v["last_refusal"] = self.refusals.last
+        if self.last_bad_message:
+            v["last_bad_message"] = self.last_bad_message
+        return v
+
+    def _diag_level(self) -> tuple[bytes, str]:
+        if self.last_outcome == "refused":
+            return diag.WARN, f"observation refused: {self.refusals.last}"
+        if self._bad_recent:
+            return diag.WARN, f"{self._bad_recent} malformed messages ignored; last: {self.last_bad_message}"
+        return diag.OK, f"{self.chunks} chunks" if self._active else "inactive"
+
+
+def main(args=None) -> int:
+    rclpy.init(args=args)
+    try:
+        node = VlaNode()
+    except (ValueError, ParameterException) as e:  # invalid parameters: say which, exit non-zero
+        rclpy.logging.get_logger(NODE_NAME).fatal(f"invalid parameters: {e}")
+        rclpy.try_shutdown()
+        return 2
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node._stop_worker()
+        node.destroy_node()
+        if rclpy.ok():
+            rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Camera images <-> numpy without ROS types: raw sensor_msgs/Image fields and compressed bytes.
+
+Everything returns uint8 (H, W, 3) RGB; malformed input raises ValueError naming the bad value.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8UC1": 1, "8UC3": 3}
+
+
+def image_to_rgb(encoding: str, height: int, width: int, step: int, data) -> np.ndarray:
+    """sensor_msgs/Image fields -> uint8 (H, W, 3) RGB (a copy; ``data`` may be any buffer)."""
+    ch = CHANNELS.get(encoding)
+    if ch is None:
+        raise ValueError(f"unsupported image encoding {encoding!r}; supported: {sorted(CHANNELS)}")
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    if step < width * ch:
+        raise ValueError(f"image step {step} is smaller than width*channels = {width * ch}")
+    buf = np.frombuffer(data, dtype=np.uint8)
+    if buf.size != step * height:
+        raise ValueError(f"image data holds {buf.size} bytes, expected step*height = {step * height}")
+    px = buf.reshape(height, step)[:, : width * ch].reshape(height, width, ch)  # (H, W, ch) view
+    if encoding in ("rgb8",):
+        return px.copy()
+    if encoding in ("bgr8", "8UC3"):
+        return np.ascontiguousarray(px[..., ::-1])
+    if encoding == "rgba8":
+        return np.ascontiguousarray(px[..., :3])
+    if encoding == "bgra8":
+        return np.ascontiguousarray(px[..., 2::-1])
+    return np.repeat(px, 3, axis=2)  # mono
+
+
+def rgb_to_image_fields(rgb: np.ndarray, encoding: str = "rgb8") -> tuple[int, int, int, bytes]:
+    """uint8 (H, W, 3) RGB -> (height, width, step, data) for an rgb8 or bgr8 sensor_msgs/Image."""
+    rgb = _check_rgb(rgb)
+    if encoding not in ("rgb8", "bgr8"):
+        raise ValueError(f"can only encode rgb8 or bgr8, got {encoding!r}")
+    px = rgb if encoding == "rgb8" else rgb[..., ::-1]
+    h, w, _ = rgb.shape
+    return h, w, w * 3, np.ascontiguousarray(px).tobytes()
+
+
+def decode_compressed(fmt: str, data) -> np.ndarray:
+    """sensor_msgs/CompressedImage (format, data) -> uint8 (H, W, 3) RGB. JPEG and PNG."""
+    import cv2
+
+    buf = np.frombuffer(data, dtype=np.uint8)
+    if buf.size == 0:
+        raise ValueError(f"compressed image ({fmt!r}) holds no data")
+    f = fmt.lower()
+    if not any(k in f for k in ("jpeg", "jpg", "png")) and f.strip():
+        raise ValueError(f"unsupported compressed image format {fmt!r}; supported: jpeg, png")
+    bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"compressed image ({fmt!r}, {buf.size} bytes) could not be decoded")
+    return np.ascontiguousarray(bgr[..., ::-1])
+
+
+def encode_jpeg(rgb: np.ndarray, quality: int = 90) -> bytes:
+    import cv2
+
+    if not 1 <= quality <= 100:
+        raise ValueError(f"jpeg quality must be in [1, 100], got {quality}")
+    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(_check_rgb(rgb)[..., ::-1]),
+                           [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:
+        raise ValueError("jpeg encoding failed")
+    return buf.tobytes()
+
+
+def resize_rgb(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear resize of uint8 (H, W, 3) to (height, width, 3) (identity when the size matches)."""
+    import cv2
+
+    if rgb.shape[:2] == (height, width):
+        return rgb
+    return cv2.resize(rgb, (width, height), interpolation=cv2.INTER_LINEAR)
+
+
+def _check_rgb(rgb: np.ndarray) -> np.ndarray:
+    a = np.asarray(rgb)
+    if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
+        raise ValueError(f"expected uint8 (H, W, 3) RGB, got {a.dtype} {a.shape}")
+    return a

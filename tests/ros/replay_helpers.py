@@ -1,0 +1,50 @@
+"""Constants and parameter builders shared by the ROS replay tests."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
+# the command joint order of action_node: not the model's
+COMMAND_ORDER = ("gripper", "elbow_flex", "shoulder_pan", "wrist_roll", "shoulder_lift", "wrist_flex")
+CAMERAS = ("/camera1/image_raw", "/camera2/image_raw/compressed")
+CAMERA_KEYS = ("observation.images.camera1", "observation.images.camera2")
+COMMAND_TOPIC = "/edgefm/command"
+
+
+def with_router() -> bool:
+    """router_node is part of the graph once it exists (installed by colcon)."""
+    from edgefm_ros.tools.bag.session import installed_executable
+
+    return importlib.util.find_spec("edgefm_ros.nodes.router_node") is not None and \
+        installed_executable("router_node") is not None
+
+
+def graph_nodes() -> tuple[str, ...]:
+    return ("vla_node", "action_node") + (("router_node",) if with_router() else ())
+
+
+def node_params(tiny_model, vla=None, action=None) -> dict:
+    """vla_node + action_node (+ router_node) parameters for the tiny model; overrides per node."""
+    ckpt, vlm = tiny_model
+    v = dict(checkpoint=ckpt, vlm_dir=vlm, threads=1, camera_topics=list(CAMERAS), camera_keys=list(CAMERA_KEYS),
+             joint_states_topic="/joint_states", state_joint_names=list(JOINTS), instruction_topic="/instruction",
+             action_rate_hz=10.0, max_observation_age_s=0.5, merge_timeout_s=0.5, diagnostics_period_s=0.25,
+             autostart=True)
+    a = dict(control_rate_hz=50.0, joint_names=list(COMMAND_ORDER), command_type="joint_state",
+             command_topic=COMMAND_TOPIC, aggregate="latest_only", chunk_size_threshold=0.5,
+             producer_timeout_s=0.5, diagnostics_period_s=0.25, autostart=True,
+             realtime_priority=50 if os.geteuid() == 0 else 0)
+    v.update(vla or {})
+    a.update(action or {})
+    out = {"vla_node": v, "action_node": a}
+    if with_router():
+        out["router_node"] = dict(camera_topics=list(CAMERAS), camera_keys=list(CAMERA_KEYS),
+                                  instruction_topic="/instruction", rate_hz=4.0, diagnostics_period_s=0.25)
+    return out
+
+
+def record_topics() -> tuple[str, ...]:
+    from edgefm_ros.tools.bag.session import OUTPUT_TOPICS
+
+    return OUTPUT_TOPICS + (COMMAND_TOPIC,)

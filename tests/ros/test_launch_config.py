@@ -1,0 +1,110 @@
+"""Launch files and parameter files, checked structurally (``ros2 launch`` cannot run here): the
+executables they start are installed, the parameter files parse and hold only declared, valid parameters."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgefm_ros.ros import action_params, vla_params
+from edgefm_ros.ros.params import ParamSpec, unknown_in_params_file, validate
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH = sorted((REPO / "launch").glob("*.launch.py"))
+CONFIGS = [REPO / "config" / "edgefm.yaml", REPO / "config" / "replay.yaml"]
+SPECS = {"vla_node": vla_params.PARAMS, "action_node": action_params.PARAMS}
+
+
+def _calls(path: Path) -> list[ast.Call]:
+    return [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+
+
+def _kw(call: ast.Call, name: str):
+    for k in call.keywords:
+        if k.arg == name and isinstance(k.value, ast.Constant):
+            return k.value.value
+    return None
+
+
+def test_launch_files_exist():
+    assert {p.name for p in LAUNCH} >= {"edgefm.launch.py", "replay.launch.py"}
+
+
+@pytest.mark.parametrize("path", LAUNCH, ids=lambda p: p.name)
+def test_launch_files_start_our_executables_with_a_params_file(path):
+    nodes = [c for c in _calls(path) if getattr(c.func, "id", "") in ("Node", "LifecycleNode")]
+    execs = {_kw(c, "executable") for c in nodes}
+    assert {"vla_node", "action_node", "router_node"} <= execs
+    assert all(_kw(c, "package") == "edgefm_ros" for c in nodes)
+    assert all(any(k.arg == "parameters" for k in c.keywords) for c in nodes), "a node without parameters"
+    lifecycle = {_kw(c, "executable") for c in nodes if c.func.id == "LifecycleNode"}
+    assert lifecycle == {"vla_node", "action_node"}
+    text = path.read_text()
+    assert "generate_launch_description" in text
+    for cfg in ("edgefm.yaml", "replay.yaml"):
+        if cfg in text:
+            assert (REPO / "config" / cfg).is_file(), f"{path.name} refers to missing config/{cfg}"
+
+
+def test_replay_launch_uses_registered_console_scripts():
+    scripts = (REPO / "setup.py").read_text()
+    cmds = [c for c in _calls(REPO / "launch" / "replay.launch.py") if getattr(c.func, "id", "") == "ExecuteProcess"]
+    assert len(cmds) == 2
+    for c in cmds:
+        cmd = next(k.value for k in c.keywords if k.arg == "cmd")
+        assert cmd.elts[0].value == "edgefm-bag" and f"{cmd.elts[0].value}=" in scripts
+        assert cmd.elts[1].value in ("play", "record")
+
+
+def test_node_executables_are_installed():
+    lib = REPO / "install" / "edgefm_ros" / "lib" / "edgefm_ros"
+    if not lib.is_dir():
+        pytest.skip("no colcon install space (run scripts/setup.sh)")
+    for name in ("vla_node", "action_node"):
+        exe = lib / name
+        assert exe.is_file() and exe.stat().st_mode & 0o111, f"{exe} missing or not executable"
+        assert f"edgefm_ros.nodes.{name} import main" in exe.read_text()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_params_files_hold_only_declared_valid_parameters(path):
+    doc = yaml.safe_load(path.read_text())
+    assert set(SPECS) <= set(doc), f"{path.name} lacks a node section"
+    for node, specs in SPECS.items():
+        assert unknown_in_params_file(doc, node, specs) == [], f"{path.name}: undeclared {node} parameters"
+        values = doc[node]["ros__parameters"]
+        validate(specs, values)  # types, ranges, choices
+    action_params.make_config(doc["action_node"]["ros__parameters"])
+    vla_params.make_config(doc["vla_node"]["ros__parameters"])
+
+
+def test_robot_config_lists_every_parameter():
+    doc = yaml.safe_load(CONFIGS[0].read_text())
+    for node, specs in SPECS.items():
+        assert {s.name for s in specs} == set(doc[node]["ros__parameters"]), node
+
+
+def test_robot_config_router_section_is_valid():
+    router = pytest.importorskip("edgefm_ros.nodes.router_node", reason="router_node needs rclpy")
+    doc = yaml.safe_load(CONFIGS[0].read_text())
+    params = doc["router_node"]["ros__parameters"]
+    assert set(params) == {s.name for s in router.PARAMS}
+    router.make_config(params)
+
+
+def test_unknown_and_invalid_parameters_are_named():
+    specs = (ParamSpec("rate", "float", 50.0, "r", range=(1.0, 100.0)),
+             ParamSpec("mode", "str", "a", "m", choices=("a", "b")))
+    rng = __import__("numpy").random.default_rng()
+    bad_rate = float(rng.uniform(101, 1000))
+    with pytest.raises(ValueError, match="'rate'"):
+        validate(specs, {"rate": bad_rate})
+    with pytest.raises(ValueError, match="'mode'"):
+        validate(specs, {"mode": "c"})
+    with pytest.raises(ValueError, match="typo_rate"):
+        validate(specs, {"typo_rate": 5.0})
+    with pytest.raises(ValueError, match="type float"):
+        validate(specs, {"rate": "fast"})
+    assert unknown_in_params_file({"n": {"ros__parameters": {"rate": 2.0, "x": 1}}}, "n", specs) == ["x"]

@@ -1,0 +1,185 @@
+"""The nodes in-process: lifecycle transitions (configure, activate, deactivate = hold, cleanup) and
+parameter validation."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+RNG = np.random.default_rng()
+NAMES = ("a", "b", "c")
+
+
+@pytest.fixture
+def ctx(ros, ros_domain_id):
+    from rclpy.context import Context
+
+    c = Context()
+    ros.init(context=c, domain_id=ros_domain_id)
+    yield c
+    c.try_shutdown()
+
+
+def _spin(ctx, *nodes):
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+
+    ex = SingleThreadedExecutor(context=ctx)
+    for n in nodes:
+        ex.add_node(n)
+
+    def loop():
+        try:
+            while ctx.ok():
+                ex.spin_once(timeout_sec=0.05)
+        except ExternalShutdownException:
+            pass
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    return ex
+
+
+def _params(**kw):
+    from rclpy.parameter import Parameter
+
+    return [Parameter(k, value=v) for k, v in kw.items()]
+
+
+def _wait(pred, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not pred():
+        time.sleep(0.02)
+    return pred()
+
+
+def test_action_node_lifecycle_holds_on_deactivate(ctx):
+    from rclpy.lifecycle import TransitionCallbackReturn as R
+    from sensor_msgs.msg import JointState
+
+    from edgefm_ros.msg import ActionChunk
+    from edgefm_ros.nodes.action_node import ActionNode
+    from edgefm_ros.ros import qos
+    from edgefm_ros.ros.convert import to_sec, to_stamp
+    from edgefm_ros.ros.diagnostics import DiagnosticArray
+
+    node = ActionNode(context=ctx, parameter_overrides=_params(
+        joint_names=list(NAMES), command_type="joint_state", command_topic="/cmd", diagnostics_period_s=0.1,
+        aggregate="latest_only"))
+    probe = __import__("rclpy").create_node("probe", context=ctx)
+    cmds, diags = [], []
+    probe.create_subscription(JointState, "/cmd", cmds.append, qos.RELIABLE)
+    probe.create_subscription(DiagnosticArray, "/diagnostics", lambda m: diags.append(m.status[0]), qos.DIAGNOSTICS)
+    chunk_pub = probe.create_publisher(ActionChunk, "edgefm/action_chunk", qos.RELIABLE)
+    _spin(ctx, node, probe)
+    try:
+        assert node.trigger_configure() == R.SUCCESS
+        assert node.trigger_activate() == R.SUCCESS
+        assert _wait(lambda: chunk_pub.get_subscription_count() > 0)
+        a = RNG.normal(size=(30, 3)).astype(np.float32)
+        m = ActionChunk(joint_names=list(NAMES), chunk_size=30, action_dim=3, dt=0.02, actions=a.reshape(-1).tolist(),
+                        source="edge", sequence=1)
+        m.header.stamp = to_stamp(time.time())
+        chunk_pub.publish(m)
+        assert _wait(lambda: len(cmds) >= 10)
+        assert node.trigger_deactivate() == R.SUCCESS
+        n_at_deactivate = len(cmds)
+        time.sleep(0.4)
+        hold = cmds[-1]
+        assert len(cmds) <= n_at_deactivate + 1, "commands published while inactive"
+        assert list(hold.position) == list(cmds[-2].position)  # the last commanded position, repeated
+        assert list(hold.name) == list(NAMES)
+        assert all(to_sec(c.header.stamp) > 0 for c in cmds)
+        assert _wait(lambda: any(d.message.startswith("holding") and "inactive" in d.message for d in diags[-3:]))
+        assert node.trigger_cleanup() == R.SUCCESS
+    finally:
+        node._stop_loop()
+
+
+@pytest.mark.parametrize("name,value,match", [("command_type", "bogus", "command_type"),
+                                              ("aggregate", "median", "aggregate"),
+                                              ("control_rate_hz", 5000.0, "control_rate_hz")])
+def test_action_node_rejects_invalid_parameters(ctx, name, value, match):
+    from rclpy.exceptions import ParameterException
+
+    from edgefm_ros.nodes.action_node import ActionNode
+
+    with pytest.raises((ValueError, ParameterException), match=match):
+        ActionNode(context=ctx, parameter_overrides=_params(**{name: value}))
+
+
+def test_vla_node_configure_fails_cleanly_then_works(ctx, tiny_model):
+    from rclpy.lifecycle import TransitionCallbackReturn as R
+
+    from edgefm_ros.nodes.vla_node import VlaNode
+
+    ckpt, vlm = tiny_model
+    common = dict(camera_topics=["/c1", "/c2"],
+                  camera_keys=["observation.images.camera1", "observation.images.camera2"],
+                  state_joint_names=[f"j{i}" for i in range(6)], vlm_dir=vlm, threads=1)
+    bad = VlaNode(context=ctx, parameter_overrides=_params(checkpoint=ckpt + "-missing", **common))
+    assert bad.trigger_configure() == R.FAILURE and bad.engine is None
+    wrong_dim = VlaNode(context=ctx, parameter_overrides=_params(
+        checkpoint=ckpt, **{**common, "state_joint_names": ["j0", "j1"]}))
+    assert wrong_dim.trigger_configure() == R.FAILURE
+    good = VlaNode(context=ctx, parameter_overrides=_params(checkpoint=ckpt, **common))
+    assert good.trigger_configure() == R.SUCCESS and good.engine.spec.chunk_size == 8
+    assert good.trigger_activate() == R.SUCCESS and good._worker.is_alive()
+    assert good.trigger_deactivate() == R.SUCCESS and good._worker is None
+    assert good.trigger_cleanup() == R.SUCCESS and good.engine is None
+
+
+class _Remote:
+    """A remote policy for the seam: answers with a chunk, raises, or answers late."""
+
+    def __init__(self, mode, engine):
+        self.mode, self.engine, self.calls = mode, engine, 0
+
+    def predict(self, obs, deadline_s):
+        self.calls += 1
+        if self.mode == "raise":
+            raise ConnectionError("link down")
+        if self.mode == "late":
+            time.sleep(deadline_s + 0.05)
+        c = self.engine.predict(obs)
+        return c.__class__(**{**c.__dict__, "source": "cloud", "actions": c.actions + 1000.0})
+
+
+@pytest.mark.parametrize("route,mode,want", [(None, "ok", "edge"), ("edge", "ok", "edge"), ("cloud", "ok", "cloud"),
+                                             ("cloud", "raise", "edge-fallback"), ("cloud", "late", "edge-fallback")])
+def test_vla_node_follows_the_route_and_falls_back_to_the_edge(ctx, tiny_model, route, mode, want):
+    from rclpy.lifecycle import TransitionCallbackReturn as R
+
+    from edgefm_ros.nodes.vla_node import VlaNode
+    from edgefm_ros.ros.convert import msg_to_chunk
+    from edgefm_ros.ros.observation import Frame, SensorCache
+    from edgefm_ros.types import RouteDecision
+
+    ckpt, vlm = tiny_model
+    keys = ["observation.images.camera1", "observation.images.camera2"]
+    node = VlaNode(context=ctx, parameter_overrides=_params(
+        checkpoint=ckpt, vlm_dir=vlm, threads=1, camera_topics=["/c1", "/c2"], camera_keys=keys,
+        state_joint_names=[f"j{i}" for i in range(6)], cloud_deadline_s=0.2))
+    try:
+        assert node.trigger_configure() == R.SUCCESS
+        node.remote = _Remote(mode, node.engine)
+        assert node.trigger_activate() == R.SUCCESS
+        sent = []
+        node._chunk_pub.publish = sent.append
+        now = node._now()
+        cache = SensorCache(tuple(keys))
+        for k in keys:
+            cache.put_frame(k, Frame(now - 0.01, rgb=RNG.integers(0, 256, (48, 64, 3), dtype=np.uint8)))
+        cache.put_state(RNG.normal(size=6).astype(np.float32), now - 0.005)
+        cache.put_task("pick", now)
+        decision = None if route is None else (RouteDecision(route, f"{route}-x", "test"), now)
+        seq = node._compute(cache.snapshot(now), decision)
+        assert seq == 1 and len(sent) == 1
+        chunk = msg_to_chunk(sent[0])
+        assert chunk.source == want and chunk.joint_names == tuple(f"j{i}" for i in range(6))
+        assert (chunk.actions.min() > 500) == (want == "cloud")  # the cloud's actions, or the edge's
+        assert node.remote.calls == (1 if route == "cloud" else 0)
+        assert node.routes[want] == 1
+    finally:
+        node.trigger_deactivate()
