@@ -90,22 +90,24 @@ def nginx_path(name: str) -> str:
     return found
 
 
-def start(cfg: ServeConfig, run_dir: Path) -> list[subprocess.Popen]:
-    """Starts MLServer (and nginx) and returns once the public endpoint is ready."""
+def start(cfg: ServeConfig, run_dir: Path, log=None) -> list[subprocess.Popen]:
+    """Starts MLServer (and nginx) and returns once the public endpoint is ready; ``log``: a file both
+    write their output to (default: this process's stdout/stderr)."""
+    out = {} if log is None else {"stdout": log, "stderr": subprocess.STDOUT}
     rest_port = free_port() if cfg.proxy else cfg.port
     grpc_port = free_port()
     conf = write_run_dir(cfg, run_dir, rest_port, grpc_port)
     nginx = nginx_path(cfg.nginx) if cfg.proxy else None  # fail before loading the model
     mlserver = subprocess.Popen([sys.executable, "-c", MLSERVER_MAIN, "start", str(run_dir)],
-                                env=_child_env(), preexec_fn=_die_with_parent)
+                                env=_child_env(), preexec_fn=_die_with_parent, **out)
     procs = [mlserver]
     try:
         wait_ready(f"http://127.0.0.1:{rest_port}/v2/health/ready" if cfg.proxy else
                    f"http://{_connect_host(cfg.host)}:{rest_port}/v2/health/ready", procs, cfg.ready_timeout_s)
         if nginx:
             args = [nginx, "-c", str(conf), "-p", str(run_dir), "-e", "stderr"]
-            subprocess.run(args + ["-t", "-q"], check=True, env=_system_env())
-            procs.append(subprocess.Popen(args, env=_system_env(), preexec_fn=_die_with_parent))
+            subprocess.run(args + ["-t", "-q"], check=True, env=_system_env(), **out)
+            procs.append(subprocess.Popen(args, env=_system_env(), preexec_fn=_die_with_parent, **out))
             wait_ready(f"{cfg.scheme}://{_connect_host(cfg.host)}:{cfg.port}/v2/health/ready", procs, 30.0)
     except BaseException:
         stop(procs)
@@ -122,10 +124,11 @@ def _connect_host(host: str) -> str:
 
 
 @contextlib.contextmanager
-def running(cfg: ServeConfig) -> Iterator[str]:
-    """The cloud tier for the duration of a ``with`` block (e.g. the demo); yields its base URL."""
+def running(cfg: ServeConfig, log=None) -> Iterator[str]:
+    """The cloud tier for the duration of a ``with`` block (e.g. the demo); yields its base URL.
+    ``log``: a file the servers write their output to (default: inherited stdout/stderr)."""
     with tempfile.TemporaryDirectory(prefix="edgefm-cloud-") as tmp:
-        procs = start(cfg, Path(tmp))
+        procs = start(cfg, Path(tmp), log)
         try:
             yield f"{cfg.scheme}://{_connect_host(cfg.host)}:{cfg.port}"
         finally:

@@ -5,7 +5,8 @@ and starts the worker thread; deactivate stops taking new work; cleanup frees th
 Callbacks only validate and cache sensor data; a QueueStatus asking for a chunk puts a snapshot in a
 one-slot buffer that the worker turns into an Observation (or refuses: stale, missing camera, ...).
 The router's latest decision picks edge or cloud; the cloud falls back to the edge on any error or a
-missed deadline ("edge-fallback").
+missed deadline ("edge-fallback"). Shadow mode (``shadow_fraction`` > 0, ros/shadow.py) runs a share of
+routed requests on the other placement too, after publishing, and logs both results for calibration.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 
 import rclpy
@@ -36,6 +38,7 @@ from edgefm_ros.ros.convert import chunk_to_msg, image_msg_to_rgb, msg_to_route,
 from edgefm_ros.ros.joints import JointOrder
 from edgefm_ros.ros.observation import Frame, RefusalCounter, Refusal, SensorCache, Snapshot, assemble
 from edgefm_ros.ros.params import declare
+from edgefm_ros.ros.shadow import PlacementRun, Shadow, ShadowConfig
 from edgefm_ros.ros.vla_params import NODE_NAME, PARAMS, VlaNodeConfig, make_config
 from edgefm_ros.types import ActionChunk, Observation, RouteDecision
 
@@ -74,8 +77,9 @@ def make_remote_policy(cfg: VlaNodeConfig, logger, link=None):
                        joint_names=cfg.action_names)
 
 
-def _cloud_kwargs(remote, decision: RouteDecision, seq: int, dt: float) -> dict:
-    """Extra predict() arguments for our CloudPolicy: the encoding the router chose, seq and dt."""
+def _cloud_kwargs(remote, params, seq: int, dt: float, noise=None) -> dict:
+    """Extra predict() arguments for our CloudPolicy: the encoding the router chose (``params``: a
+    RouteDecision's; {} = raw at the captured resolution), seq, dt and the shared noise (shadow mode)."""
     try:
         from edgefm_ros.cloud.client import CloudPolicy
         from edgefm_ros.cloud.images import Encoding
@@ -83,8 +87,22 @@ def _cloud_kwargs(remote, decision: RouteDecision, seq: int, dt: float) -> dict:
         return {}
     if not isinstance(remote, CloudPolicy):
         return {}
-    p = decision.params
-    return {"encoding": Encoding.from_route(p.get("jpeg_quality", 0), p.get("resolution", 0)), "seq": seq, "dt": dt}
+    kw = {"encoding": Encoding.from_route(params.get("jpeg_quality", 0), params.get("resolution", 0)),
+          "seq": seq, "dt": dt}
+    if noise is not None:
+        kw["noise"] = noise
+    return kw
+
+
+def make_shadow(cfg: VlaNodeConfig, engine) -> Shadow | None:
+    """Shadow mode's sampler and logger when shadow_fraction > 0, else None; the action std of the
+    checkpoint is the quality's per-joint scale."""
+    if cfg.shadow_fraction <= 0:
+        return None
+    scfg = ShadowConfig(cfg.shadow_fraction, _expand(cfg.shadow_log), cfg.shadow_tolerance,
+                        cfg.shadow_edge_candidate, cfg.shadow_cloud_candidate)
+    std = engine.ckpt.stats.action_std.detach().cpu().numpy()  # (action_dim,)
+    return Shadow(scfg, std, len(cfg.camera_keys))
 
 
 class VlaNode(LifecycleNode):
@@ -95,6 +113,8 @@ class VlaNode(LifecycleNode):
         self.engine = None
         self.remote = remote  # optional: predict(obs, deadline_s) -> ActionChunk
         self._own_remote = False  # made from cloud_url at configure (closed at cleanup)
+        self._shadow: Shadow | None = None
+        self._run_id = uuid.uuid4().hex[:8]  # request ids in the shadow log: <run>-<seq>
         self._active = False
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
@@ -120,7 +140,7 @@ class VlaNode(LifecycleNode):
         self.errors = 0
         self.chunks = 0
         self.last_outcome = ""  # "chunk" or "refused"
-        self.lat = {k: RollingStats() for k in ("prefill", "decode", "compute", "frame_to_chunk")}
+        self.lat = {k: RollingStats() for k in ("prefill", "decode", "compute", "frame_to_chunk", "cloud_call")}
         self.last_route = "edge (no decision)"
 
     # lifecycle -------------------------------------------------------------------------------------------
@@ -161,6 +181,14 @@ class VlaNode(LifecycleNode):
             self.create_subscription(RouteDecisionMsg, c.route_topic, self._on_route, qos.LATEST),
         ]
         self._requester = ChunkRequester(c.merge_timeout_s)
+        try:
+            self._shadow = make_shadow(c, self.engine)
+        except (ValueError, OSError) as e:
+            log.error(f"configure failed: shadow mode: {e}")
+            return TransitionCallbackReturn.FAILURE
+        if self._shadow is not None:
+            log.info(f"shadow mode: {c.shadow_fraction:g} of routed requests also run on the other placement; "
+                     f"log {self._shadow.cfg.log}")
         return super().on_configure(state)
 
     @staticmethod
@@ -206,6 +234,9 @@ class VlaNode(LifecycleNode):
         if self._own_remote and self.remote is not None:
             self.remote.close()
             self.remote, self._own_remote = None, False
+        if self._shadow is not None:
+            self._shadow.close()
+            self._shadow = None
         return super().on_cleanup(state)
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -310,18 +341,16 @@ class VlaNode(LifecycleNode):
         self.last_route = "edge (no decision)" if decision is None else \
             f"{decision.target} ({decision.candidate}: {decision.reason})"
         seq = self._seq + 1
-        chunk, source = None, "edge"
+        shadow = self._shadow is not None and self._shadow.wants(decision)
+        noise = self._shadow.noise((spec.chunk_size, spec.max_action_dim)) if shadow else None
+        chunk, source, served = None, "edge", None
         if decision is not None and decision.target == "cloud":
-            chunk, source = self._cloud(obs, decision, seq)
+            chunk, source, served = self._cloud(obs, decision, seq, noise)
         if chunk is None:
             try:
-                chunk = self.engine.predict(obs, dt=1.0 / c.action_rate_hz, seq=seq, source=source)
+                chunk, served = self._edge(obs, seq, source, noise)
             except ValueError as e:
                 return self._refuse(Refusal("model_rejected", str(e)))
-            tm = self.engine.last_timings
-            self.lat["prefill"].add(tm.prefill_s)
-            self.lat["decode"].add(tm.decode_s)
-            self.lat["compute"].add(tm.total_s)
         ready = self._now()
         chunk = dataclasses.replace(chunk, joint_names=c.action_names, stamp=obs.stamp, seq=seq,
                                     source=source, dt=1.0 / c.action_rate_hz, inference_s=ready - obs.stamp)
@@ -333,28 +362,79 @@ class VlaNode(LifecycleNode):
         self.routes[source] += 1
         self.lat["frame_to_chunk"].add(ready - obs.stamp)
         self.last_outcome = "chunk"
+        if shadow:
+            self._shadow_other(obs, decision, seq, noise, served)
         return seq
 
-    def _cloud(self, obs: Observation, decision: RouteDecision, seq: int) -> tuple[ActionChunk | None, str]:
-        """(chunk, "cloud") from the remote policy, or (None, "edge-fallback") on any failure or late answer."""
+    def _edge(self, obs: Observation, seq: int, source: str, noise,
+              served: bool = True) -> tuple[ActionChunk, PlacementRun]:
+        """The engine's chunk (ValueError when the model rejects the observation) and its run record;
+        the latency statistics count served chunks only."""
+        t0 = time.perf_counter()
+        chunk = self.engine.predict(obs, noise=noise, dt=1.0 / self.cfg.action_rate_hz, seq=seq, source=source)
+        took = time.perf_counter() - t0
+        if served:
+            tm = self.engine.last_timings
+            self.lat["prefill"].add(tm.prefill_s)
+            self.lat["decode"].add(tm.decode_s)
+            self.lat["compute"].add(tm.total_s)
+        return chunk, PlacementRun("edge", chunk.actions, took)
+
+    def _call_cloud(self, obs: Observation, params, seq: int, noise) -> tuple[ActionChunk, PlacementRun]:
+        """The remote policy's chunk within cloud_deadline_s, or an exception saying why not."""
         if self.remote is None:
-            return None, "edge-fallback"
+            raise RuntimeError("no cloud client")
         deadline = self.cfg.cloud_deadline_s
         t0 = time.perf_counter()
+        chunk = self.remote.predict(obs, deadline, **_cloud_kwargs(self.remote, params, seq,
+                                                                     1.0 / self.cfg.action_rate_hz, noise))
+        took = time.perf_counter() - t0
+        if took > deadline:
+            raise TimeoutError(f"cloud answered after {took:.3f}s (deadline {deadline:g}s)")
+        spec = self.engine.spec
+        if chunk.action_dim != spec.action_dim:
+            raise ValueError(f"cloud chunk has action_dim {chunk.action_dim}, expected {spec.action_dim}")
+        self.lat["cloud_call"].add(took)
+        last = getattr(self.remote, "last", None)
+        upload = int(getattr(last, "upload_bytes", 0)) if last is not None else 0
+        return chunk, PlacementRun("cloud", chunk.actions, took, upload)
+
+    def _cloud(self, obs: Observation, decision: RouteDecision, seq: int,
+               noise=None) -> tuple[ActionChunk | None, str, PlacementRun]:
+        """(chunk, "cloud", run) from the remote policy, or (None, "edge-fallback", failed run) on any
+        failure or late answer."""
+        t0 = time.perf_counter()
         try:
-            chunk = self.remote.predict(obs, deadline, **_cloud_kwargs(self.remote, decision, seq,
-                                                                         1.0 / self.cfg.action_rate_hz))
-            took = time.perf_counter() - t0
-            if took > deadline:
-                raise TimeoutError(f"cloud answered after {took:.3f}s (deadline {deadline:g}s)")
-            spec = self.engine.spec
-            if chunk.action_dim != spec.action_dim:
-                raise ValueError(f"cloud chunk has action_dim {chunk.action_dim}, expected {spec.action_dim}")
+            chunk, run = self._call_cloud(obs, decision.params, seq, noise)
         except Exception as e:
             self.get_logger().warning(f"cloud failed, running on the edge: {e}", throttle_duration_sec=2.0)
-            return None, "edge-fallback"
-        self.lat["compute"].add(took)
-        return chunk, "cloud"
+            return None, "edge-fallback", PlacementRun("cloud", None, time.perf_counter() - t0)
+        self.lat["compute"].add(run.latency_s)
+        return chunk, "cloud", run
+
+    def _shadow_other(self, obs: Observation, decision: RouteDecision, seq: int, noise,
+                      served: PlacementRun) -> None:
+        """Shadow mode, after publishing: the placement that did not serve, same observation and noise;
+        both logged. A failed cloud run (served or shadow) leaves no reference: nothing is logged."""
+        if served.placement == "edge" and decision.target == "cloud":
+            return self._shadow_log(decision, seq, served, PlacementRun("cloud", None, 0.0))  # fallback
+        try:
+            if served.placement == "edge":
+                other = self._call_cloud(obs, {}, seq, noise)[1]  # raw images: the best reference
+            else:
+                other = self._edge(obs, seq, "edge", noise, served=False)[1]
+        except Exception as e:
+            self.get_logger().warning(f"shadow run on the {'cloud' if served.placement == 'edge' else 'edge'} "
+                                      f"failed: {e}", throttle_duration_sec=2.0)
+            other = PlacementRun("cloud" if served.placement == "edge" else "edge", None, 0.0)
+        self._shadow_log(decision, seq, served, other)
+
+    def _shadow_log(self, decision: RouteDecision, seq: int, served: PlacementRun, other: PlacementRun) -> None:
+        try:
+            self._shadow.record(f"{self._run_id}-{seq}", decision, served, other)
+        except (ValueError, OSError) as e:
+            self._shadow.skipped["log_error"] += 1
+            self.get_logger().error(f"shadow log: {e}", throttle_duration_sec=5.0)
 
     def _refuse(self, r: Refusal) -> int:
         self.refusals.add(r)
@@ -391,6 +471,8 @@ class VlaNode(LifecycleNode):
             v.update(s.summary(f"{k}_ms", 1e3))
         if self.remote is not None and hasattr(self.remote, "stats"):
             v.update({f"cloud_{k}": x for k, x in self.remote.stats().items()})
+        if self._shadow is not None:
+            v.update(self._shadow.stats())
         snap = self.cache.snapshot(now)
         for key in self.cfg.camera_keys:
             f = snap.frames.get(key)

@@ -72,4 +72,5 @@ def msg_to_route(msg: RouteDecisionMsg) -> RouteDecision:
                          stamp=to_sec(msg.header.stamp), feature_names=tuple(msg.feature_names),
                          features=tuple(float(x) for x in msg.features), guard_open=bool(msg.guard_active),
                          bandwidth_mbps=float(msg.bandwidth_mbps), rtt_s=float(msg.rtt_s),
-                         params={"jpeg_quality": int(msg.jpeg_quality), "resolution": int(msg.resolution)})
+                         params={"jpeg_quality": int(msg.jpeg_quality), "resolution": int(msg.resolution),
+                                 "breaker_open": bool(msg.breaker_open)})

@@ -48,6 +48,24 @@ PARAMS = (
               "(edge-fallback).", range=(0.001, 60.0)),
     ParamSpec("link_sample_topic", "str", "edgefm/link_sample", "Output: std_msgs/Float64MultiArray [upload_bytes, "
               "upload_s, rtt_s] per cloud call ([] when it failed), for router_node's link estimate."),
+    # Shadow mode (off by default; node half: ros/shadow.py, definition: routing/shadow.py). Quality of the
+    # edge's chunk a (chunk, action_dim) against the cloud's chunk r for the SAME observation and noise:
+    #   e = sqrt(mean_{t,j} ((a[t,j] - r[t,j]) / std[j])^2),  quality = exp(-(e / shadow_tolerance)^2),
+    # std = the checkpoint's action std (unnormaliser stats); the cloud (the reference) scores 1.
+    ParamSpec("shadow_fraction", "float", 0.0, "Shadow mode: this share of routed requests also runs on the "
+              "other placement (edge vs cloud) after the served chunk is published, with the same observation "
+              "and noise; both results and the router's features are logged to shadow_log for `edgefm-router "
+              "calibrate --log`. Quality: the cloud's chunk is the reference (1); the edge's chunk scores "
+              "exp(-(e / shadow_tolerance)^2), e = RMS of (edge - cloud) / action std over the chunk "
+              "(edgefm_ros/routing/shadow.py). 0: off. Needs cloud_url.", range=(0.0, 1.0)),
+    ParamSpec("shadow_log", "str", "", "Shadow mode's JSONL log (appended; ~ and $VARS expanded); required when "
+              "shadow_fraction > 0."),
+    ParamSpec("shadow_tolerance", "float", 0.5, "Shadow quality: the RMS error, in action standard deviations, "
+              "that scores exp(-1) = 0.37.", range=(0.001, 100.0)),
+    ParamSpec("shadow_edge_candidate", "str", "edge-bf16-512", "Router candidate the edge's result is logged "
+              "as when the edge is the shadow (a served result is logged as the routed candidate)."),
+    ParamSpec("shadow_cloud_candidate", "str", "cloud-fp32-512", "Router candidate the cloud's result is logged "
+              "as when the cloud is the shadow (its images then go raw, at the captured resolution)."),
     ParamSpec("merge_timeout_s", "float", 1.0, "A published chunk not reported merged by action_node within "
               "this is considered lost.", range=(0.01, 60.0)),
     ParamSpec("diagnostics_period_s", "float", 1.0, "Period of /diagnostics.", range=(0.05, 60.0)),
@@ -82,6 +100,11 @@ class VlaNodeConfig:
     cloud_url: str
     cloud_deadline_s: float
     link_sample_topic: str
+    shadow_fraction: float
+    shadow_log: str
+    shadow_tolerance: float
+    shadow_edge_candidate: str
+    shadow_cloud_candidate: str
     merge_timeout_s: float
     diagnostics_period_s: float
     autostart: bool
@@ -104,6 +127,11 @@ class VlaNodeConfig:
             raise ValueError(f"required_cameras {unknown} are not in camera_keys {list(self.camera_keys)}")
         if not self.state_joint_names:
             raise ValueError("parameter 'state_joint_names' is empty: name the joints in the model's state order")
+        if self.shadow_fraction > 0 and not self.cloud_url:
+            raise ValueError(f"shadow_fraction {self.shadow_fraction:g} > 0 needs cloud_url (shadow mode runs "
+                             "both the edge and the cloud)")
+        if self.shadow_fraction > 0 and not self.shadow_log:
+            raise ValueError(f"shadow_fraction {self.shadow_fraction:g} > 0 needs shadow_log (the JSONL path)")
         for name in ("action_rate_hz", "max_observation_age_s", "cloud_deadline_s", "merge_timeout_s"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):

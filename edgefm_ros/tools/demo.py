@@ -4,17 +4,25 @@
    architecture with deterministic RANDOM weights) made once into a cache dir, else the tiny reference
    checkpoint of ../shared; the summary says which, and whether its weights are random;
 2. the bag: ``--bag`` if given, else a synthetic one (``edgefm-bag make``);
-3. vla_node, action_node (and router_node when installed) started as processes with a params file;
-4. the bag replayed into them, their outputs recorded;
-5. a summary (chunks, control rate and jitter, inference latency, routes) and a plot (PNG) of the commanded
-   joint trajectories and the latency over time.
+3. with ``--cloud``: the cloud tier (``edgefm-cloud serve``: MLServer + nginx) on this machine's loopback
+   with the same checkpoint in exact mode and a random bearer token (given to vla_node only, through
+   $EDGEFM_CLOUD_TOKEN in its environment); router_node then routes with config/router_demo.yaml over
+   a static link, so the long instruction of the bag goes to the cloud and the short one stays on the
+   edge; ``--shadow F`` also turns on vla_node's shadow mode (log in the output dir);
+4. vla_node, action_node (and router_node when installed) started as processes with a params file;
+5. the bag replayed into them, their outputs recorded;
+6. a summary (chunks by source, routes, control rate and jitter, inference latency, the cloud's
+   round trip) and a plot (PNG) of the commanded joint trajectories and the latency over time.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
+import secrets
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +34,8 @@ from edgefm_ros.tools.bag.synth import JOINTS
 
 COMMAND_TOPIC = "/edgefm/command"
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+SOURCES = ("cloud", "edge", "edge-fallback")
+DEMO_LINK_MBPS = 100.0  # router_node's static link in --cloud mode (a good LAN/Wi-Fi link)
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,31 @@ def model_spec(m: Model):
     return load_checkpoint(m.checkpoint, m.vlm_dir or None).config
 
 
-def node_params(m: Model, cfg, args) -> dict:
+def demo_router_config() -> str:
+    """config/router_demo.yaml: the source tree's, else the installed share's."""
+    path = Path(__file__).resolve().parents[2] / "config" / "router_demo.yaml"
+    if not path.is_file():
+        try:
+            from ament_index_python.packages import get_package_share_directory
+
+            path = Path(get_package_share_directory("edgefm_ros")) / "config" / "router_demo.yaml"
+        except Exception:  # noqa: BLE001 - not installed: say what is missing below
+            pass
+    if not path.is_file():
+        raise FileNotFoundError(f"demo router config not found at {path}")
+    return str(path)
+
+
+@dataclass(frozen=True)
+class Cloud:
+    """The cloud tier the demo started (--cloud)."""
+
+    url: str
+    log: str
+    shadow_log: str  # "" when shadow mode is off
+
+
+def node_params(m: Model, cfg, args, cloud: Cloud | None = None) -> dict:
     cams = cfg.camera_keys
     vla = dict(checkpoint=m.checkpoint, vlm_dir=m.vlm_dir, threads=1,
                camera_topics=[f"/camera{i + 1}/image_raw/compressed" if i % 2 else f"/camera{i + 1}/image_raw"
@@ -85,7 +119,22 @@ def node_params(m: Model, cfg, args) -> dict:
     if router_available() and not args.no_router:
         out["router_node"] = dict(camera_topics=vla["camera_topics"], camera_keys=list(cams),
                                   instruction_topic="/instruction", rate_hz=2.0, diagnostics_period_s=0.5)
+    if cloud is not None:
+        names = demo_candidates()
+        vla.update(cloud_url=cloud.url, shadow_fraction=args.shadow if cloud.shadow_log else 0.0,
+                   shadow_log=cloud.shadow_log, shadow_edge_candidate=names["edge"],
+                   shadow_cloud_candidate=names["cloud"])
+        out["router_node"].update(config_path=demo_router_config(), static_bandwidth_mbps=DEMO_LINK_MBPS,
+                                  static_rtt_s=0.005)
     return out
+
+
+def demo_candidates() -> dict[str, str]:
+    """placement -> candidate name in the demo router config (its edge_only / cloud_only)."""
+    from edgefm_ros.routing.config import load_router_config
+
+    cfg = load_router_config(demo_router_config())
+    return {"edge": cfg.edge_only, "cloud": cfg.cloud_only}
 
 
 def router_available() -> bool:
@@ -95,7 +144,42 @@ def router_available() -> bool:
         installed_executable("router_node") is not None
 
 
-def summarize(run, model: Model, params: dict, diag: dict, t_play: tuple[float, float]) -> dict:
+def _float(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def cloud_summary(run, cloud: Cloud, v: dict) -> dict:
+    """Where the cloud ran, its round trip as vla_node measured it, the client's counters, shadow log."""
+    from edgefm_ros.tools.bag.analyze import percentiles
+
+    src, inf = np.asarray(run.chunk_source), np.asarray(run.chunk_inference) * 1e3
+    out = {"url": cloud.url, "where": "this machine, loopback only (MLServer 1.7.1 + nginx; edgefm-cloud serve)",
+           "mode": "exact", "log": cloud.log,
+           "round_trip_ms": {k: _float(v.get(f"cloud_call_ms_{k}")) for k in ("p50", "p99", "max")},
+           "observation_to_chunk_ms": {s: percentiles(inf[src == s]) for s in SOURCES if np.any(src == s)},
+           "client": {k[len("cloud_"):]: val for k, val in v.items()
+                      if k.startswith("cloud_") and not k.startswith("cloud_call_")}}
+    if cloud.shadow_log:
+        out["shadow"] = shadow_summary(cloud.shadow_log)
+    return out
+
+
+def shadow_summary(path: str) -> dict:
+    from edgefm_ros.routing.log import read_log
+
+    if not Path(path).is_file():
+        return {"log": path, "requests": 0}
+    recs = read_log(path)
+    edge_q = [r.quality for r in recs if r.placement == "edge"]
+    return {"log": path, "requests": len({r.request_id for r in recs}), "lines": len(recs),
+            "edge_quality_mean": float(np.mean(edge_q)) if edge_q else float("nan")}
+
+
+def summarize(run, model: Model, params: dict, diag: dict, t_play: tuple[float, float],
+              cloud: Cloud | None = None) -> dict:
     from edgefm_ros.tools.bag.analyze import command_timing, percentiles
 
     period = 1.0 / params["action_node"]["control_rate_hz"]
@@ -105,9 +189,10 @@ def summarize(run, model: Model, params: dict, diag: dict, t_play: tuple[float, 
     window = (t > t0) & (t < t_play[1])
     a = diag.get("action_node", {})
     v = diag.get("vla_node", {})
-    return {
+    sources = {s: run.chunk_source.count(s) for s in SOURCES if cloud is not None or s in run.chunk_source}
+    out = {
         "model": {"checkpoint": model.checkpoint, "origin": model.origin, "random_weights": model.random_weights},
-        "chunks": len(run.chunk_seq), "chunk_sources": {s: run.chunk_source.count(s) for s in set(run.chunk_source)},
+        "chunks": len(run.chunk_seq), "chunk_sources": sources,
         "routes": dict(run.routes),
         "commands": int(timing["commands"]), "control_rate_hz": timing["rate_hz"],
         "period_error_ms": {"p50": timing["err_p50_ms"], "p99": timing["err_p99_ms"], "max": timing["err_max_ms"]},
@@ -120,6 +205,9 @@ def summarize(run, model: Model, params: dict, diag: dict, t_play: tuple[float, 
         "refused_observations": v.get("refused"), "vla_node": v.get("message"), "action_node": a.get("message"),
         "router_node": diag.get("router_node", {}).get("message"),
     }
+    if cloud is not None:
+        out["cloud"] = cloud_summary(run, cloud, v)
+    return out
 
 
 def print_summary(s: dict) -> None:
@@ -142,6 +230,23 @@ def print_summary(s: dict) -> None:
     print(f"action_node: {s['action_node']}")
     if s["router_node"]:
         print(f"router_node: {s['router_node']}")
+    if "cloud" in s:
+        print_cloud(s["cloud"])
+
+
+def print_cloud(c: dict) -> None:
+    r, cl = c["round_trip_ms"], c["client"]
+    print(f"cloud      : {c['url']} ({c['mode']} mode, same checkpoint)\n             ran on {c['where']}")
+    print(f"cloud trip : round trip (request -> chunk, vla_node) p50 {r['p50']:.1f} ms  p99 {r['p99']:.1f} ms  "
+          f"max {r['max']:.1f} ms")
+    by = "  ".join(f"{k} p50 {v['p50']:.1f} ms" for k, v in c["observation_to_chunk_ms"].items())
+    print(f"             observation->chunk by source: {by}")
+    print(f"             client: {', '.join(f'{k} {v}' for k, v in sorted(cl.items())) or '(no calls)'}")
+    if "shadow" in c:
+        sh = c["shadow"]
+        print(f"shadow     : {sh['requests']} requests logged to {sh['log']}"
+              + (f" (edge quality vs cloud: mean {sh['edge_quality_mean']:.4f}); "
+                 f"`edgefm-router calibrate --log {sh['log']}` reads it" if sh["requests"] else ""))
 
 
 def plot(run, path: Path, joint_names: list[str], title: str) -> None:
@@ -191,7 +296,44 @@ def _parser() -> argparse.ArgumentParser:
                    choices=("weighted_average", "latest_only", "average", "conservative"))
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: derived from the pid)")
     p.add_argument("--no-router", action="store_true", help="do not start router_node even when installed")
+    p.add_argument("--cloud", action="store_true", help="also run the cloud tier on loopback (MLServer + nginx, "
+                   "same checkpoint, exact mode) and route with config/router_demo.yaml")
+    p.add_argument("--shadow", type=float, default=0.0, metavar="F",
+                   help="with --cloud: shadow mode for this fraction of requests (log in --out)")
     return p
+
+
+def check_args(args) -> None:
+    if not 0.0 <= args.shadow <= 1.0:
+        raise ValueError(f"--shadow must be in [0, 1], got {args.shadow}")
+    if args.shadow > 0 and not args.cloud:
+        raise ValueError("--shadow needs --cloud (shadow mode runs both the edge and the cloud)")
+    if args.cloud and importlib.util.find_spec("mlserver") is None:
+        raise ValueError("--cloud needs MLServer (pip install mlserver==1.7.1) and nginx (apt-get install -y "
+                         "nginx-light)")
+    if args.cloud and (args.no_router or not router_available()):
+        raise ValueError("--cloud needs router_node (it decides which requests go to the cloud): "
+                         + ("drop --no-router" if args.no_router else "router_node is not installed (colcon build)"))
+
+
+@contextlib.contextmanager
+def cloud_tier(model: Model, out: Path, shadow: float):
+    """The cloud server on loopback for the ``with`` block: yields (Cloud, token)."""
+    from edgefm_ros.cloud.serve import running
+    from edgefm_ros.cloud.serving import ServeConfig, free_port
+
+    # this run only (192 random bits, 32 characters); vla_node gets it through its environment
+    token = secrets.token_urlsafe(24)
+    cfg = ServeConfig(model.checkpoint, vlm=model.vlm_dir or None, mode="exact", port=free_port(), token=token,
+                      threads=1, ready_timeout_s=300.0)
+    log_path = out / "run" / "cloud.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    shadow_log = out / "shadow.jsonl"
+    if shadow_log.exists():
+        shadow_log.unlink()
+    print(f"starting the cloud tier on loopback port {cfg.port} (log {log_path}) ...", flush=True)
+    with open(log_path, "ab") as log, running(cfg, log=log) as url:
+        yield Cloud(url, str(log_path), str(shadow_log) if shadow > 0 else ""), token
 
 
 def run_demo(args) -> dict:
@@ -199,6 +341,7 @@ def run_demo(args) -> dict:
     from edgefm_ros.tools.bag.make import MakeConfig, make_bag
     from edgefm_ros.tools.bag.session import OUTPUT_TOPICS, ReplaySession
 
+    check_args(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cameras = 2
@@ -215,10 +358,17 @@ def run_demo(args) -> dict:
         make_bag(MakeConfig(bag, duration_s=args.duration, cameras=len(cfg.camera_keys), width=args.width,
                             height=args.height))
         print(f"bag: {bag} (synthetic, {args.duration:g}s, {len(cfg.camera_keys)} cameras {args.width}x{args.height})")
-    params = node_params(model, cfg, args)
-    nodes = list(params)
     domain = args.domain_id if args.domain_id is not None else 10 + os.getpid() % 90
-    with ReplaySession(out / "run", params, nodes, domain, OUTPUT_TOPICS + (COMMAND_TOPIC,)) as s:
+    with contextlib.ExitStack() as stack:
+        cloud, env = None, {}
+        if args.cloud:
+            cloud, token = stack.enter_context(cloud_tier(model, out, args.shadow))
+            print(f"cloud: {cloud.url} ready (exact mode, bearer token for vla_node only)", flush=True)
+            env = {"vla_node": {"EDGEFM_CLOUD_TOKEN": token}}
+        params = node_params(model, cfg, args, cloud)
+        nodes = list(params)
+        s = stack.enter_context(ReplaySession(out / "run", params, nodes, domain, OUTPUT_TOPICS + (COMMAND_TOPIC,),
+                                              node_env=env))
         print(f"starting {', '.join(nodes)} (ROS_DOMAIN_ID {domain}) ...", flush=True)
         s.wait_active(["vla_node", "action_node"], timeout=120)
         print("replaying ...", flush=True)
@@ -228,7 +378,7 @@ def run_demo(args) -> dict:
         time.sleep(0.5)
         diag = {n: s.diagnostics(n) for n in nodes}
     run = read_run(str(s.record_path), COMMAND_TOPIC)
-    summary = summarize(run, model, params, diag, (t_start, t_end))
+    summary = summarize(run, model, params, diag, (t_start, t_end), cloud)
     summary["plot"] = str(out / "demo.png")
     plot(run, out / "demo.png", params["action_node"]["joint_names"],
          f"edgefm demo: {Path(model.checkpoint).name}" + (" (random weights)" if model.random_weights else ""))
@@ -242,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         run_demo(args)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
+    except (ValueError, RuntimeError, OSError, subprocess.SubprocessError) as e:
         print(f"edgefm-demo: error: {e}", file=sys.stderr)
         return 2
     return 0

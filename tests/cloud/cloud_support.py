@@ -17,7 +17,7 @@ import pytest
 from edgefm_ros.types import Observation
 
 REPO = Path(__file__).resolve().parents[2]
-TOKEN = "test-token-" + os.urandom(8).hex()
+TOKEN = os.urandom(32).hex()  # 64 hex digits, as `openssl rand -hex 32` gives (the README's recipe)
 
 
 def need_server_deps() -> None:

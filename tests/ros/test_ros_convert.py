@@ -62,7 +62,8 @@ def test_restamp_rewrites_only_the_header_stamp(ros):
     m.header.frame_id = "base"
     shift = int(RNG.integers(1, 10**12))
     out = deserialize_message(restamp_cdr(serialize_message(m), shift), JointState)
-    assert to_sec(out.header.stamp) == pytest.approx(t + shift * 1e-9, abs=2e-9)
+    ns = lambda st: st.sec * 10**9 + st.nanosec  # noqa: E731  exact integer nanoseconds
+    assert ns(out.header.stamp) == ns(m.header.stamp) + shift
     assert out.name == m.name and list(out.position) == list(m.position) and out.header.frame_id == "base"
 
 

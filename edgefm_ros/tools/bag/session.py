@@ -50,16 +50,19 @@ def installed_executable(name: str) -> Path | None:
 
 
 class ReplaySession:
-    """Context manager; everything it writes goes under ``workdir`` (params.yaml, <node>.log, record/)."""
+    """Context manager; everything it writes goes under ``workdir`` (params.yaml, <node>.log, record/).
+    ``node_env``: extra environment per node (e.g. vla_node's EDGEFM_CLOUD_TOKEN: never in params.yaml)."""
 
     def __init__(self, workdir: str | Path, params: Mapping[str, Mapping], nodes: Sequence[str],
-                 domain_id: int, record_topics: Sequence[str] = OUTPUT_TOPICS, storage: str = "sqlite3"):
+                 domain_id: int, record_topics: Sequence[str] = OUTPUT_TOPICS, storage: str = "sqlite3",
+                 node_env: Mapping[str, Mapping[str, str]] | None = None):
         if not 0 <= domain_id <= 101:
             raise ValueError(f"domain_id must be in 0..101, got {domain_id}")
         self.workdir = Path(workdir)
         self.params, self.nodes, self.domain_id = params, tuple(nodes), domain_id
         self.record_topics = tuple(record_topics)
         self.storage = storage
+        self.node_env = {k: dict(v) for k, v in (node_env or {}).items()}  # node -> extra environment (secrets)
         self.procs: dict[str, subprocess.Popen] = {}
         self.record_path = self.workdir / "record"
         self._diag: dict[str, dict] = {}  # node name -> latest diagnostic values
@@ -103,7 +106,7 @@ class ReplaySession:
                 raise
 
     def start_node(self, name: str) -> subprocess.Popen:
-        env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain_id), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain_id), PYTHONUNBUFFERED="1", **self.node_env.get(name, {}))
         log = open(self.workdir / f"{name}.log", "ab")
         cmd = node_command(name) + ["--ros-args", "--params-file", str(self.params_file)]
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
