@@ -13,11 +13,8 @@ import sys
 import threading
 import time
 
-import rclpy
-import rclpy.logging
 from builtin_interfaces.msg import Duration
-from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
@@ -34,6 +31,7 @@ from edgefm_ros.ros import qos
 from edgefm_ros.ros.action_params import NODE_NAME, PARAMS, ActionNodeConfig, make_config
 from edgefm_ros.ros.convert import msg_to_chunk, to_stamp
 from edgefm_ros.ros.params import declare
+from edgefm_ros.ros.spin import run_node
 
 COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
                "joint_state": JointState}
@@ -238,26 +236,7 @@ class ActionNode(LifecycleNode):
 
 def main(args=None) -> int:
     sys.setswitchinterval(0.0001)  # the control thread must not wait long for the GIL
-    rclpy.init(args=args)
-    try:
-        node = ActionNode()
-    except (ValueError, ParameterException) as e:  # invalid parameters: say which, exit non-zero
-        rclpy.logging.get_logger(NODE_NAME).fatal(f"invalid parameters: {e}")
-        rclpy.try_shutdown()
-        return 2
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node._stop_loop()
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.try_shutdown()
-    return 0
-
+    return run_node(ActionNode, NODE_NAME, args, stop=lambda node: node._stop_loop())
 
 if __name__ == "__main__":
     sys.exit(main())

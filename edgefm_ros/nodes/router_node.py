@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import rclpy
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
-from rclpy.executors import ExternalShutdownException
-from rclpy.logging import get_logger
+
 from rclpy.node import Node
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Float64MultiArray, String
@@ -34,6 +32,7 @@ from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.params import ParamSpec, declare, validate
+from edgefm_ros.ros.spin import run_node
 from edgefm_ros.routing.config import check_thresholds
 from edgefm_ros.routing.policy import Router
 from edgefm_ros.types import RouteDecision
@@ -325,22 +324,7 @@ class RouterNode(Node):
 
 
 def main(args=None) -> int:
-    rclpy.init(args=args)
-    node = None
-    try:
-        node = RouterNode()
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    except ValueError as e:  # a bad parameter or router config: say which and stop
-        (node.get_logger() if node else get_logger(NODE_NAME)).error(f"router_node: {e}")
-        return 1
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
-
+    return run_node(RouterNode, NODE_NAME, args)
 
 if __name__ == "__main__":
     sys.exit(main())

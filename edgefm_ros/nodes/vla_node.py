@@ -18,10 +18,6 @@ import time
 import uuid
 from collections import Counter
 
-import rclpy
-import rclpy.logging
-from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
@@ -40,6 +36,7 @@ from edgefm_ros.ros.observation import Frame, RefusalCounter, Refusal, SensorCac
 from edgefm_ros.ros.params import declare
 from edgefm_ros.ros.shadow import PlacementRun, Shadow, ShadowConfig
 from edgefm_ros.ros.vla_params import NODE_NAME, PARAMS, VlaNodeConfig, make_config
+from edgefm_ros.ros.spin import run_node
 from edgefm_ros.types import ActionChunk, Observation, RouteDecision
 
 
@@ -494,26 +491,7 @@ class VlaNode(LifecycleNode):
 
 
 def main(args=None) -> int:
-    rclpy.init(args=args)
-    try:
-        node = VlaNode()
-    except (ValueError, ParameterException) as e:  # invalid parameters: say which, exit non-zero
-        rclpy.logging.get_logger(NODE_NAME).fatal(f"invalid parameters: {e}")
-        rclpy.try_shutdown()
-        return 2
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node._stop_worker()
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.try_shutdown()
-    return 0
-
+    return run_node(VlaNode, NODE_NAME, args, stop=lambda node: node._stop_worker())
 
 if __name__ == "__main__":
     sys.exit(main())
