@@ -5,7 +5,9 @@ has a PyTorch reference (``reference=True``) that defines the op's semantics and
 implementation is tested against. Importing this package registers all implementations.
 """
 from . import registry  # noqa: F401
-from . import attention, linear, mlp, norm, rope, vision  # noqa: F401  (registration side effects)
+from . import attention, cast, linear, mlp, norm, quant, rope, vision  # noqa: F401  (registration side effects)
+from . import cuda_linear, flashinfer_ops, triton_ops  # noqa: F401  (GPU skills; import no GPU library)
+from . import kv  # noqa: F401  (KV-cache codecs)
 from .registry import Impl, OpSpec, get_impl, impls_for, op_kinds
 
 __all__ = ["Impl", "OpSpec", "get_impl", "impls_for", "op_kinds"]

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 from .registry import Impl, OpSpec, register
 
+GQA_MODES = ("repeat", "native")
+
 
 class EagerAttention:
     """Reference: LeRobot's eager attention (repeat KV, fp32 scores, finfo.min fill, fp32 softmax)."""
@@ -38,8 +40,10 @@ class EagerAttention:
 class SdpaAttention:
     """torch's fused scaled_dot_product_attention with an additive mask (0 / finfo.min) and GQA."""
 
-    def __init__(self, zero_mask_when_none: bool = False):
-        self.zero_mask_when_none = zero_mask_when_none
+    def __init__(self, zero_mask_when_none: bool = False, gqa: str = "repeat"):
+        if gqa not in GQA_MODES:
+            raise ValueError(f"gqa must be one of {GQA_MODES}, got {gqa!r}")
+        self.zero_mask_when_none, self.native_gqa = zero_mask_when_none, gqa == "native"
         self._src, self._add = None, None  # last bool mask seen and its additive form
 
     def additive(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -56,6 +60,8 @@ class SdpaAttention:
             # transformers' SigLIP passes an all-zero additive mask; SDPA then takes the masked path.
             mask = q.new_zeros(q.shape[0], 1, q.shape[2], k.shape[2])
         groups = q.shape[1] // k.shape[1]
+        if groups > 1 and self.native_gqa:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
@@ -72,5 +78,5 @@ def _check_heads(spec: OpSpec, params) -> str | None:
 register(Impl("attention", "eager", lambda spec, params: EagerAttention(), reference=True, check=_check_heads,
               doc="LeRobot's eager attention: fp32 scores, finfo.min mask, fp32 softmax"))
 register(Impl("attention", "sdpa", lambda spec, params: SdpaAttention(**params), check=_check_heads,
-              param_space={"zero_mask_when_none": (False, True)},
-              doc="torch SDPA, additive finfo.min mask, KV heads repeated"))
+              param_space={"zero_mask_when_none": (False, True), "gqa": GQA_MODES},
+              doc="torch SDPA, additive finfo.min mask; KV heads repeated or grouped inside SDPA (gqa=native)"))

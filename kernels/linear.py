@@ -2,7 +2,8 @@
 
 ``impl.build(spec, params, weights=[(W [out_i, in], b [out_i] | None), ...])`` -> module whose
 ``forward(x [..., in])`` returns one tensor per weight (a tuple when there are several), in x's dtype.
-Grouping is what lets a fused implementation run Q/K/V or gate/up as one GEMM.
+Grouping is what lets a fused implementation run Q/K/V or gate/up as one GEMM. Outputs may be views
+(of one fused GEMM result) with a unit stride in the last dimension.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .gemm import BACKENDS, Gemm, backend_check, concat, release_pages
 from .registry import Impl, register
 
 Weights = Sequence[tuple[torch.Tensor, "torch.Tensor | None"]]
@@ -35,3 +37,40 @@ class LinearGroupRef(nn.Module):
 
 register(Impl("linear", "ref", lambda spec, params, weights: LinearGroupRef(weights), reference=True,
               doc="one F.linear per weight, fp32"))
+
+
+class LinearGroupFused(nn.Module):
+    """The group's weights concatenated once -> one GEMM -> outputs split (views).
+
+    ``gemm(make, post)`` makes the GEMM from ``make() -> (W, b)`` (weights in ``weight_dtype``, default
+    ``dtype``); x may come in any float dtype: it is cast to ``dtype`` and the outputs back to x's dtype.
+    """
+
+    def __init__(self, weights: Weights, dtype: torch.dtype, gemm, weight_dtype: torch.dtype | None = None):
+        super().__init__()
+        sources = list(weights)
+        self.sizes = [w.shape[0] for w, _ in sources]
+        self.dtype = dtype
+        self.gemm = gemm(lambda: concat(sources, weight_dtype or dtype), "none")
+        release_pages([t for pair in sources for t in pair if t is not None])
+
+    def forward(self, x):
+        y = self.gemm(x if x.dtype == self.dtype else x.to(self.dtype))
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y if len(self.sizes) == 1 else tuple(y.split(self.sizes, dim=-1))
+
+
+def _fused(dtype: torch.dtype):
+    def build(spec, params, weights):
+        backend = params.get("backend", "aten")
+        return LinearGroupFused(weights, dtype, lambda make, post: Gemm(make, backend, post))
+    return build
+
+
+register(Impl("linear", "fused", _fused(torch.float32), param_space={"backend": BACKENDS},
+              check=backend_check(torch.float32),
+              doc="fp32; the group's weights concatenated once -> one GEMM (aten | MKL packed | oneDNN packed)"))
+register(Impl("linear", "bf16", _fused(torch.bfloat16), param_space={"backend": ("aten", "onednn")},
+              precision="bf16", check=backend_check(torch.bfloat16),
+              doc="bf16 weights and compute (AMX/AVX512-BF16 through oneDNN), fused group, output in x's dtype"))

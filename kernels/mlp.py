@@ -7,10 +7,12 @@
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import Impl, OpSpec, register
+from .gemm import BACKENDS, Gemm, backend_check, concat, release_pages
+from .registry import Impl, register
 
 ACTS = ("silu_gated", "gelu_tanh")
 
@@ -33,3 +35,52 @@ class MlpRef(nn.Module):
 
 register(Impl("mlp", "ref", lambda spec, params, weights, act: MlpRef(weights, act), reference=True,
               doc="unfused fp32 MLP (Llama gated SiLU or SigLIP GELU-tanh)"))
+
+
+class MlpFused(nn.Module):
+    """gate/up as one GEMM (SiLU-gated), or fc1 with its GELU-tanh as the GEMM's epilogue, in ``dtype``.
+
+    ``gemm(make, post)`` makes each GEMM (``gemm.Gemm`` with a backend, or a quantised one); x may
+    come in any float dtype: it is cast to ``dtype`` and the output back to x's dtype.
+    """
+
+    def __init__(self, weights, act: str, dtype: torch.dtype, gemm):
+        super().__init__()
+        if act not in ACTS:
+            raise ValueError(f"unknown MLP activation {act!r}; known: {ACTS}")
+        w = dict(weights)
+        self.act, self.dtype = act, dtype
+        if act == "silu_gated":
+            pair = [(w["gate"], None), (w["up"], None)]
+            self.inner = w["gate"].shape[0]
+            self.first = gemm(lambda: concat(pair, dtype), "none")
+            self.second = gemm(lambda: concat([(w["down"], None)], dtype), "none")
+            sources = [w["gate"], w["up"], w["down"]]
+        else:
+            self.first = gemm(lambda: concat([w["fc1"]], dtype), "gelu_tanh")
+            self.second = gemm(lambda: concat([w["fc2"]], dtype), "none")
+            sources = [*w["fc1"], *w["fc2"]]
+        release_pages([t for t in sources if t is not None])
+
+    def forward(self, x):
+        h = self.first(x if x.dtype == self.dtype else x.to(self.dtype))
+        if self.act == "silu_gated":
+            gate, up = h.split(self.inner, dim=-1)
+            h = F.silu(gate) * up
+        y = self.second(h)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _fused(dtype: torch.dtype):
+    def build(spec, params, weights, act):
+        backend = params.get("backend", "aten")
+        return MlpFused(weights, act, dtype, lambda make, post: Gemm(make, backend, post))
+    return build
+
+
+register(Impl("mlp", "fused", _fused(torch.float32), param_space={"backend": BACKENDS},
+              check=backend_check(torch.float32),
+              doc="fp32; gate/up one GEMM, or GELU fused into fc1 (oneDNN)"))
+register(Impl("mlp", "bf16", _fused(torch.bfloat16), param_space={"backend": ("aten", "onednn")},
+              precision="bf16", check=backend_check(torch.bfloat16),
+              doc="bf16 weights and compute, gate/up one GEMM / GELU fused (oneDNN)"))

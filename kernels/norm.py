@@ -37,3 +37,48 @@ class LayerNormRef(nn.Module):
 register(Impl("rms_norm", "ref", lambda spec, params, weight, eps: RmsNormRef(weight, eps), reference=True))
 register(Impl("layer_norm", "ref", lambda spec, params, weight, bias, eps: LayerNormRef(weight, bias, eps),
               reference=True))
+
+
+class _ParamsLike:
+    """Parameters cast once to the dtype of the activations they meet (bf16 stages keep bf16)."""
+
+    def __init__(self, *params):
+        self.params = params
+        self._cast: dict[torch.dtype, tuple] = {}
+
+    def like(self, x: torch.Tensor) -> tuple:
+        got = self._cast.get(x.dtype)
+        if got is None:
+            got = self._cast[x.dtype] = tuple(p.to(x.dtype).contiguous() for p in self.params)
+        return got
+
+
+class RmsNormFast(nn.Module):
+    """RMSNorm that keeps x's dtype end to end (the weight cast to it once): torch's fused rms_norm
+    (fp32 statistics, the normalised value in x's dtype) times the weight."""
+
+    def __init__(self, weight, eps: float):
+        super().__init__()
+        self.p, self.eps = _ParamsLike(weight), eps
+
+    def forward(self, x):
+        (w,) = self.p.like(x)
+        return w * F.rms_norm(x, (x.shape[-1],), None, self.eps)
+
+
+class LayerNormFast(nn.Module):
+    """F.layer_norm with weight/bias cast once to x's dtype (fp32 statistics inside torch's kernel)."""
+
+    def __init__(self, weight, bias, eps: float):
+        super().__init__()
+        self.p, self.eps = _ParamsLike(weight, bias), eps
+
+    def forward(self, x):
+        w, b = self.p.like(x)
+        return F.layer_norm(x, (x.shape[-1],), w, b, self.eps)
+
+
+register(Impl("rms_norm", "fast", lambda spec, params, weight, eps: RmsNormFast(weight, eps),
+              doc="reference math, weight in the activations' dtype (bf16 stages stay bf16)"))
+register(Impl("layer_norm", "fast", lambda spec, params, weight, bias, eps: LayerNormFast(weight, bias, eps),
+              doc="F.layer_norm with parameters in the activations' dtype"))

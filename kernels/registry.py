@@ -11,7 +11,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-OP_KINDS = ("attention", "linear", "mlp", "rms_norm", "layer_norm", "rope", "patch_embed", "pixel_shuffle")
+OP_KINDS = ("attention", "linear", "mlp", "rms_norm", "layer_norm", "rope", "patch_embed", "pixel_shuffle",
+            "kv", "cast")
 
 
 @dataclass(frozen=True)

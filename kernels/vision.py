@@ -7,9 +7,11 @@ pixel_shuffle: ``impl.build(spec, params, scale=s)`` -> fn(x [B, N, C]) -> [B, N
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .gemm import BACKENDS, Gemm, backend_check, concat, release_pages
 from .registry import Impl, register
 
 
@@ -40,3 +42,31 @@ class PixelShuffleRef:
 
 register(Impl("patch_embed", "ref", lambda spec, params, weight, bias: PatchEmbedRef(weight, bias), reference=True))
 register(Impl("pixel_shuffle", "ref", lambda spec, params, scale: PixelShuffleRef(scale), reference=True))
+
+
+class PatchEmbedGemm(nn.Module):
+    """Non-overlapping patches gathered by a reshape (no im2col copy beyond one permute) -> one GEMM
+    against the flattened kernel, in ``dtype``; output in the pixels' dtype."""
+
+    def __init__(self, weight, bias, dtype: torch.dtype, backend: str):
+        super().__init__()
+        self.patch, self.dtype = weight.shape[-1], dtype
+        flat = [(weight.reshape(weight.shape[0], -1), bias)]
+        self.gemm = Gemm(lambda: concat(flat, dtype), backend)
+        release_pages([weight, bias])
+
+    def forward(self, pixels):
+        b, c, h, w = pixels.shape
+        p = self.patch
+        x = pixels if pixels.dtype == self.dtype else pixels.to(self.dtype)
+        x = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // p) * (w // p), c * p * p)
+        y = self.gemm(x)
+        return y if y.dtype == pixels.dtype else y.to(pixels.dtype)
+
+
+register(Impl("patch_embed", "gemm", lambda spec, params, weight, bias: PatchEmbedGemm(
+    weight, bias, torch.float32, params.get("backend", "aten")), param_space={"backend": BACKENDS},
+    check=backend_check(torch.float32), doc="patches by reshape + one fp32 GEMM"))
+register(Impl("patch_embed", "gemm_bf16", lambda spec, params, weight, bias: PatchEmbedGemm(
+    weight, bias, torch.bfloat16, params.get("backend", "aten")), param_space={"backend": ("aten", "onednn")},
+    precision="bf16", check=backend_check(torch.bfloat16), doc="patches by reshape + one bf16 GEMM"))

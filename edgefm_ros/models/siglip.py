@@ -64,7 +64,8 @@ class VisionEncoder(nn.Module):
                                         w("post_layernorm.bias", v.hidden), v.eps)
 
     def forward(self, pixels):
-        x = self.patch(pixels) + self.pos
+        x = self.patch(pixels)
+        x = x + self.pos.to(x.dtype)  # a bf16 vision stage stays bf16
         for layer in self.layers:
             x = layer(x)
         return self.post_norm(x)

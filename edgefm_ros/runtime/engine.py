@@ -24,6 +24,7 @@ from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.types import ActionChunk, Observation
 
 from .checkpoint import Checkpoint, load_checkpoint
+from . import skills
 from .dispatch import OpResolver, Table, builtin_tables
 from .hardware import Hardware, detect
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
@@ -103,6 +104,8 @@ class Engine:
         cfg = ckpt.config
         self.cfg = cfg
         tables = builtin_tables(config.mode)
+        if config.mode == "fast":
+            tables += skills.tables_for(hardware.profile)  # GPU skills whose requirements are met here
         tuned = tuned_table_path(hardware.profile)
         if config.mode == "fast" and config.use_tuned and tuned.is_file():
             tables.append(tuned)
@@ -114,13 +117,17 @@ class Engine:
         with torch.no_grad():
             self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, self.weights).eval()
         self.weights.check_all_used()
+        # activation dtype of each part (cast records: fp32 in exact mode, bf16 in fast mode where it pays)
+        self.act = {part: self.resolver.build("cast", f"{part}.activations", f"{part}_act", "")
+                    for part in ("vision", "vlm", "expert")}
+        self.decode_graph = None  # graphs.CapturedPhase of decode, made by capture_graphs() on CUDA
         self.weights.file.release()  # resident again only what inference actually reads
         self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
         # decode constants: timesteps t_k = 1 + k * dt, their embeddings' share of action_time_mlp_in
         self.dt = -1.0 / cfg.num_steps
         t = torch.tensor([1.0 + k * self.dt for k in range(cfg.num_steps)], dtype=torch.float32, device=self.device)
         with torch.no_grad():
-            self.time_terms = self.model.time_terms(t)  # [S, He]
+            self.time_terms = self.act["expert"](self.model.time_terms(t))  # [S, He]
         self.generator = torch.Generator().manual_seed(config.seed)
         self.last_timings = Timings(0.0, 0.0, 0.0)
         self.spec = PolicySpec(cfg.camera_keys, dict(zip(cfg.camera_keys, cfg.image_shapes)), cfg.state_dim,
@@ -141,10 +148,10 @@ class Engine:
         m, cfg, dev = self.model, self.cfg, self.device
         inp = inp.to(dev)
         b, ncam = inp.batch, len(inp.images)
-        img = m.embed_images(torch.cat(inp.images, dim=0))  # [ncam*B, T, H]
+        img = m.embed_images(self.act["vision"](torch.cat(inp.images, dim=0))).float()  # [ncam*B, T, H]
         t = img.shape[1]
         img = img.view(ncam, b, t, -1).transpose(0, 1).reshape(b, ncam * t, -1)
-        embs = torch.cat([img, m.embed_language(inp.lang_tokens), m.embed_state(inp.state)], dim=1)
+        embs = self.act["vlm"](torch.cat([img, m.embed_language(inp.lang_tokens), m.embed_state(inp.state)], dim=1))
         pad = torch.cat([torch.stack(inp.img_masks, 1).repeat_interleave(t, dim=1), inp.lang_masks.bool(),
                          torch.ones(b, 1, dtype=torch.bool, device=dev)], dim=1)  # [B, P]
         p = pad.shape[1]
@@ -155,7 +162,9 @@ class Engine:
         pos = torch.cumsum(pad, dim=1) - 1
         layer0 = m.text.layers[0]
         kv = m.text.prefix_kv(embs, layer0.rope.tables(pos, layer0.head_dim), mask)
-        contexts = [layer.context(*kv[i]) if layer.cross else kv[i] for i, layer in enumerate(m.expert)]
+        ex = self.act["expert"]
+        contexts = [tuple(ex(t) for t in (layer.context(*kv[i]) if layer.cross else kv[i]))
+                    for i, layer in enumerate(m.expert)]
         c = cfg.chunk_size
         n_valid = pad.sum(dim=1, keepdim=True)
         steps = torch.arange(c, device=dev)[None, :]
@@ -169,11 +178,11 @@ class Engine:
     @torch.no_grad()
     def decode(self, prefix: Prefix, noise: torch.Tensor, trace: list | None = None) -> torch.Tensor:
         """noise [B, C, A] (x at t = 1) -> normalised actions [B, C, A]."""
-        x = noise.to(self.device)
+        x, ex = noise.to(self.device), self.act["expert"]
         for k in range(self.cfg.num_steps):
-            v = self.model.velocity(x, self.time_terms[k], prefix.contexts, prefix.rope_self, prefix.rope_cross,
+            v = self.model.velocity(ex(x), self.time_terms[k], prefix.contexts, prefix.rope_self, prefix.rope_cross,
                                     prefix.mask_self, prefix.mask_cross)
-            x = x + self.dt * v
+            x = x + self.dt * v.float()
             if trace is not None:
                 trace.append((v, x))
         return x
@@ -188,7 +197,10 @@ class Engine:
         t0 = time.perf_counter()
         prefix = self.prefill(inp)
         t1 = time.perf_counter()
-        actions = self.decode(prefix, noise.float())
+        if self.decode_graph is not None:
+            actions = self.decode_graph(prefix, noise.float().to(self.device)).clone()
+        else:
+            actions = self.decode(prefix, noise.float())
         t2 = time.perf_counter()
         self.last_timings = Timings(t1 - t0, t2 - t1, t2 - t0)
         return actions
@@ -236,6 +248,15 @@ class Engine:
         obs = self.synthetic_observation()
         for _ in range(runs):
             self.predict(obs)
+
+    def capture_graphs(self) -> float:
+        """CUDA only (call at activate, after warmup): capture the whole decode loop; returns seconds."""
+        from .graphs import CapturedPhase
+
+        inp = self.inputs_from_observation(self.synthetic_observation())
+        noise = torch.randn((inp.batch, self.cfg.chunk_size, self.cfg.max_action_dim), generator=self.generator)
+        self.decode_graph = CapturedPhase(self.decode, (self.prefill(inp), noise.to(self.device)))
+        return self.decode_graph.capture_s
 
     def plan(self) -> list[dict]:
         return self.resolver.plan_rows()

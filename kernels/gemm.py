@@ -1,0 +1,143 @@
+"""CPU GEMM paths for a fixed weight, shared by the fast linear and MLP implementations.
+
+``Gemm(make, backend, post)``, ``make() -> (W [N, K], b [N] | None)``, is a callable ``x [..., K] -> [..., N]``
+(x in W's dtype):
+  aten    F.linear: MKL sgemm for fp32, oneDNN for bf16 (the weight is re-laid out on every call)
+  mkl     MKL packed sgemm (fp32 only): the weight is packed once per row count M
+  onednn  oneDNN with the weight reordered once per M into its blocked layout (fp32, or bf16 on AMX)
+``post`` is an elementwise epilogue: "none", "gelu_tanh" (fused by oneDNN, applied after aten/mkl).
+
+Weights are converted (dtype, concatenation) once at build; ``release_pages`` then asks the kernel to
+drop the resident pages of the memory-mapped source so a converted copy does not double the RSS.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("aten", "mkl", "onednn")
+POSTS = ("none", "gelu_tanh")
+MAX_PACKED = 4  # packed layouts kept per weight (one per distinct row count M)
+_MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim the range; never changes its contents
+
+
+def backend_rejects(backend: str, dtype: torch.dtype) -> str | None:
+    if backend not in BACKENDS:
+        return f"unknown GEMM backend {backend!r}; known: {BACKENDS}"
+    if backend == "mkl" and dtype != torch.float32:
+        return "the mkl packed GEMM is fp32 only"
+    if backend in ("mkl", "onednn") and not torch.backends.mkldnn.is_available():
+        return f"backend {backend!r} needs torch built with oneDNN/MKL"
+    return None
+
+
+def backend_check(dtype: torch.dtype):
+    """An ``Impl.check`` for impls whose ``backend`` parameter picks the GEMM path."""
+    def check(spec, params) -> str | None:
+        backend = params.get("backend", "aten")
+        if backend != "aten" and not spec.hw_profile.startswith("cpu"):
+            return f"backend {backend!r} is a CPU GEMM, this is {spec.hw_profile!r}"
+        return backend_rejects(backend, dtype)
+    return check
+
+
+class Gemm:
+    """``y = x W^T + b`` through one CPU GEMM path; ``make() -> (W [N, K], b [N] | None)`` builds the weight.
+
+    Packed backends keep only the packed layouts: the converted weight is dropped after the first
+    packing and ``make()`` is called again for a new row count (rare: shapes are static per chunk).
+    """
+
+    def __init__(self, make, backend: str = "aten", post: str = "none"):
+        w, b = make()
+        reason = backend_rejects(backend, w.dtype)
+        if reason:
+            raise ValueError(reason)
+        if post not in POSTS:
+            raise ValueError(f"unknown GEMM epilogue {post!r}; known: {POSTS}")
+        if backend != "aten" and w.device.type != "cpu":
+            raise ValueError(f"backend {backend!r} runs on CPU, the weight is on {w.device}")
+        self.make, self.backend, self.post = make, backend, post
+        self.w, self.b = w, b
+        self.out_features, self.dtype = w.shape[0], w.dtype
+        # MKL's packed GEMM only reads the original weight for another M, which never reaches it
+        self._origin = torch.zeros((), dtype=w.dtype).expand(w.shape) if backend == "mkl" else None
+        self._packed: dict[int, torch.Tensor] = {}
+
+    def packed(self, m: int) -> torch.Tensor:
+        p = self._packed.get(m)
+        if p is None:
+            w = self.w if self.w is not None else self.make()[0]
+            if len(self._packed) >= MAX_PACKED:
+                self._packed.pop(next(iter(self._packed)))
+            if self.backend == "mkl":
+                p = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
+            else:
+                p = torch.ops.mkldnn._reorder_linear_weight(w, m)
+            self._packed[m] = p
+            self.w = None
+        return p
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "aten":
+            y = F.linear(x, self.w, self.b)
+            return F.gelu(y, approximate="tanh") if self.post == "gelu_tanh" else y
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        m = x2.shape[0]
+        if self.backend == "mkl":
+            y = torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m)
+            if self.post == "gelu_tanh":
+                y = F.gelu(y, approximate="tanh")
+        elif self.post == "gelu_tanh":
+            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "gelu", [], "tanh")
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "none", [], "")
+        return y.view(*lead, self.out_features)
+
+
+def concat(weights: Sequence[tuple[torch.Tensor, "torch.Tensor | None"]], dtype: torch.dtype):
+    """Weights [(W_i [N_i, K], b_i | None)] -> (W [sum N_i, K], b [sum N_i] | None), contiguous, in dtype."""
+    ws = [w for w, _ in weights]
+    w = torch.cat([t.to(dtype) for t in ws], dim=0) if len(ws) > 1 else ws[0].to(dtype).contiguous()
+    if w is ws[0]:
+        w = w.clone()  # own the memory: the source may be a view of a mapped file
+    if all(b is None for _, b in weights):
+        return w, None
+    bs = [b if b is not None else torch.zeros(wi.shape[0], dtype=wi.dtype, device=wi.device) for wi, b in weights]
+    return w, torch.cat([t.to(dtype) for t in bs], dim=0)
+
+
+@functools.cache
+def _madvise():
+    """libc's madvise from the process's own symbols (no library search, no subprocess), or None."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+
+
+def release_pages(tensors: Sequence[torch.Tensor]) -> None:
+    """Hint the kernel to reclaim the pages fully inside each CPU tensor's storage (MADV_PAGEOUT).
+
+    Meant for sources that were just converted into a new copy (e.g. memory-mapped fp32 weights):
+    the contents never change (file-backed pages are re-read on the next touch, anonymous ones are
+    swapped or left alone), only the resident set shrinks. A no-op where unsupported.
+    """
+    madvise = _madvise() if os.name == "posix" else None
+    if madvise is None:
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    for t in tensors:
+        if t is None or t.device.type != "cpu" or t.numel() == 0:
+            continue
+        start = t.data_ptr()
+        end = start + t.numel() * t.element_size()
+        lo, hi = -(-start // page) * page, (end // page) * page
+        if hi > lo:
+            madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(_MADV_PAGEOUT))

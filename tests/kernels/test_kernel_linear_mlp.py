@@ -1,0 +1,105 @@
+"""Every linear / MLP implementation against the reference on fresh random inputs, fp32 and bf16 activations."""
+import pytest
+import torch
+
+from kernel_helpers import bound, reference, rel_err, spec, variants, vid
+
+GROUPS = {  # name -> (in, [(out, has_bias)])
+    "qkv_bias": (64, [(64, True), (32, True), (32, True)]),
+    "qkv_gqa": (96, [(96, False), (32, False), (32, False)]),
+    "single": (48, [(80, True)]),
+    "mixed_bias": (48, [(24, True), (16, False)]),
+}
+LINEARS = variants("linear", **{"in": 64})
+MLPS = variants("mlp", hidden=48, inner=160)
+
+
+def _weights(gen, d_in, outs):
+    return [(torch.randn(o, d_in, generator=gen) / d_in ** 0.5, torch.randn(o, generator=gen) if b else None)
+            for o, b in outs]
+
+
+@pytest.mark.parametrize("variant", LINEARS, ids=vid)
+@pytest.mark.parametrize("group", sorted(GROUPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_linear_matches_reference(variant, group, dtype, gen):
+    impl, params = variant
+    if impl.reference and dtype != torch.float32:
+        pytest.skip("the reference takes fp32 activations")
+    d_in, outs = GROUPS[group]
+    if impl.rejects(spec("linear", **{"in": d_in}), params):
+        pytest.skip(impl.rejects(spec("linear", **{"in": d_in}), params))
+    weights = _weights(gen, d_in, outs)
+    x = torch.randn(2, 37, d_in, generator=gen).to(dtype)
+    ref = reference("linear").build(spec("linear"), {}, weights=weights)(x.float())
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    mod = impl.build(spec("linear"), params, weights=weights)
+    for _ in range(2):  # the second call runs on packed weights where the backend packs lazily
+        out = mod(x)
+        out = out if isinstance(out, tuple) else (out,)
+        assert len(out) == len(outs)
+        for o, r, (n, _) in zip(out, ref, outs):
+            assert o.shape == (2, 37, n) and o.dtype == dtype
+            assert rel_err(o, r) <= bound(impl, dtype), f"{vid(variant)} error {rel_err(o, r):.2e}"
+
+
+@pytest.mark.parametrize("variant", LINEARS, ids=vid)
+def test_linear_two_dim_input_and_new_row_count(variant, gen):
+    """state_proj style [B, in] inputs, and a row count the packed weights were not made for."""
+    impl, params = variant
+    weights = _weights(gen, 32, [(48, True)])
+    mod = impl.build(spec("linear"), params, weights=weights)
+    ref = reference("linear").build(spec("linear"), {}, weights=weights)
+    for rows in (1, 7, 1):
+        x = torch.randn(rows, 32, generator=gen)
+        assert rel_err(mod(x), ref(x)) <= bound(impl, torch.float32)
+
+
+def test_fused_fp32_is_exact_up_to_summation_order(gen):
+    """Fused groups in fp32 split back into exactly the per-weight shapes and values (aten backend)."""
+    impl = next(i for i, _ in LINEARS if i.impl_id == "fused")
+    weights = _weights(gen, 64, [(64, True), (32, False), (16, True)])
+    x = torch.randn(3, 64, generator=gen)
+    out = impl.build(spec("linear"), {"backend": "aten"}, weights=weights)(x)
+    ref = reference("linear").build(spec("linear"), {}, weights=weights)(x)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, rtol=1e-6, atol=1e-6)
+
+
+def _mlp_weights(gen, act, h, i):
+    if act == "silu_gated":
+        return {"gate": torch.randn(i, h, generator=gen) / h ** 0.5, "up": torch.randn(i, h, generator=gen) / h ** 0.5,
+                "down": torch.randn(h, i, generator=gen) / i ** 0.5}
+    return {"fc1": (torch.randn(i, h, generator=gen) / h ** 0.5, torch.randn(i, generator=gen)),
+            "fc2": (torch.randn(h, i, generator=gen) / i ** 0.5, torch.randn(h, generator=gen))}
+
+
+@pytest.mark.parametrize("variant", MLPS, ids=vid)
+@pytest.mark.parametrize("act", ["silu_gated", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mlp_matches_reference(variant, act, dtype, gen):
+    impl, params = variant
+    if impl.reference and dtype != torch.float32:
+        pytest.skip("the reference takes fp32 activations")
+    w = _mlp_weights(gen, act, 48, 160)
+    x = torch.randn(1, 50, 48, generator=gen).to(dtype)
+    ref = reference("mlp").build(spec("mlp"), {}, weights=w, act=act)(x.float())
+    mod = impl.build(spec("mlp"), params, weights=w, act=act)
+    for _ in range(2):
+        out = mod(x)
+        assert out.shape == x.shape and out.dtype == dtype
+        assert rel_err(out, ref) <= bound(impl, dtype), f"{vid(variant)} error {rel_err(out, ref):.2e}"
+
+
+def test_mlp_rejects_unknown_activation(gen):
+    impl = next(i for i, _ in MLPS if i.impl_id == "fused")
+    with pytest.raises(ValueError, match="swish"):
+        impl.build(spec("mlp"), {}, weights=_mlp_weights(gen, "silu_gated", 8, 16), act="swish")
+
+
+def test_cpu_backends_are_rejected_off_cpu():
+    impl = next(i for i, _ in LINEARS if i.impl_id == "fused")
+    assert "CPU" in impl.rejects(spec("linear", hw="cuda_sm90"), {"backend": "mkl"})
+    assert impl.rejects(spec("linear", hw="cuda_sm90"), {"backend": "aten"}) is None
+    bf16 = next(i for i, _ in LINEARS if i.impl_id == "bf16")
+    assert "not in" in bf16.rejects(spec("linear"), {"backend": "mkl"})  # fp32-only packing

@@ -1,0 +1,115 @@
+"""Norms, RoPE, patch embedding, casts, the GEMM helper and the int8 kernels against their references."""
+import mmap
+
+import pytest
+import torch
+
+from edgefm_kernels import gemm, quant
+from edgefm_kernels.registry import get_impl
+
+from kernel_helpers import bound, reference, rel_err, spec, variants, vid
+
+
+@pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_norms(kind, dtype, gen):
+    h = 96
+    x = torch.randn(2, 17, h, generator=gen) * 3 + 1
+    operands = {"weight": 1 + 0.1 * torch.randn(h, generator=gen), "eps": 1e-6}
+    if kind == "layer_norm":
+        operands["bias"] = torch.randn(h, generator=gen)
+    ref = reference(kind).build(spec(kind), {}, **operands)(x)
+    for impl, params in variants(kind):
+        if impl.reference:
+            continue
+        out = impl.build(spec(kind), params, **operands)(x.to(dtype))
+        assert out.dtype == dtype, f"{vid((impl, params))} must keep the activations' dtype"
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, ref, rtol=0, atol=0)  # same operations as the reference
+        else:
+            assert rel_err(out, ref) <= bound(impl, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rope_fast_matches_reference_and_shares_tables(dtype, gen):
+    ref, fast = (get_impl("rope", i).build(spec("rope"), {}) for i in ("ref", "fast"))
+    pos = torch.randint(0, 500, (2, 23), generator=gen)
+    x = torch.randn(2, 23, 5, 64, generator=gen)
+    tables = ref.tables(pos, 64)  # the engine makes tables with one layer's kernel, every layer reads them
+    expected = ref(x, tables)
+    got = fast(x.to(dtype), tables)
+    assert got.dtype == dtype
+    if dtype == torch.float32:
+        assert torch.equal(got, expected)  # bitwise: the same products, a + (-b) == a - b
+    else:
+        assert rel_err(got, expected) <= 3e-2
+    assert torch.equal(fast(x, fast.tables(pos, 64)), expected)
+    other = ref.tables(pos + 1, 64)  # a new tables object (next chunk) is picked up
+    assert torch.equal(fast(x, other), ref(x, other))
+
+
+@pytest.mark.parametrize("variant", variants("patch_embed"), ids=vid)
+def test_patch_embed(variant, gen):
+    impl, params = variant
+    w, b = torch.randn(32, 3, 8, 8, generator=gen) / 14, torch.randn(32, generator=gen)
+    px = torch.rand(3, 3, 48, 64, generator=gen) * 2 - 1
+    ref = reference("patch_embed").build(spec("patch_embed"), {}, weight=w, bias=b)(px)
+    out = impl.build(spec("patch_embed"), params, weight=w, bias=b)(px)
+    assert out.shape == (3, 6 * 8, 32)
+    assert impl.reference or out.is_contiguous()  # row-major tokens: no copy in every later op
+    assert rel_err(out, ref) <= bound(impl, torch.float32)
+
+
+def test_cast_impls(gen):
+    x = torch.randn(4, 5, generator=gen)
+    assert get_impl("cast", "fp32").build(spec("cast"), {})(x) is x
+    y = get_impl("cast", "bf16").build(spec("cast"), {})(x)
+    assert y.dtype == torch.bfloat16 and rel_err(y, x) < 1e-2
+    assert get_impl("cast", "fp32").build(spec("cast"), {})(y).dtype == torch.float32
+
+
+def test_gemm_packs_per_row_count_and_keeps_a_bounded_cache(gen):
+    w, b = torch.randn(24, 16, generator=gen), torch.randn(24, generator=gen)
+    g = gemm.Gemm(lambda: (w.clone(), b.clone()), "onednn")
+    for m in (1, 2, 3, 4, 5, 6, 1):
+        x = torch.randn(m, 16, generator=gen)
+        torch.testing.assert_close(g(x), torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert len(g._packed) <= gemm.MAX_PACKED
+
+
+def test_gemm_rejects_bad_configuration():
+    with pytest.raises(ValueError, match="fp32 only"):
+        gemm.Gemm(lambda: (torch.zeros(2, 2, dtype=torch.bfloat16), None), "mkl")
+    with pytest.raises(ValueError, match="epilogue"):
+        gemm.Gemm(lambda: (torch.zeros(2, 2), None), "aten", post="relu6")
+    with pytest.raises(ValueError, match="backend"):
+        gemm.Gemm(lambda: (torch.zeros(2, 2), None), "cublas")
+
+
+def test_release_pages_never_changes_values(tmp_path, gen):
+    """Pages of a mapped file and of ordinary memory read back the same after the release hint."""
+    t = torch.randn(300_000, generator=gen)
+    path = tmp_path / "w.bin"
+    path.write_bytes(t.numpy().tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        mapped = torch.frombuffer(mm, dtype=torch.float32)
+        before = mapped.clone()
+        gemm.release_pages([mapped, t])
+        assert torch.equal(mapped, before) and torch.equal(t, before)
+        del mapped
+        mm.close()
+
+
+def test_quantize_rows_error_is_half_a_step(gen):
+    w = torch.randn(64, 48, generator=gen)
+    q, scale = quant.quantize_rows(w)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127
+    assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-7).all()
+
+
+def test_int8_weight_only_refuses_widths_that_crash_torch(gen):
+    impl = get_impl("linear", "int8_wo")
+    assert "16" in impl.rejects(spec("linear", **{"in": 40}), {})
+    with pytest.raises(ValueError, match="divisible"):
+        quant.QGemm(lambda: (torch.randn(8, 40, generator=gen), None), "none", "int8_wo")

@@ -1,0 +1,117 @@
+"""The kernel search on the tiny reference checkpoint: sites, candidates, verification, a bounded
+run whose table the engine loads and that keeps parity, resume and the time budget."""
+import pytest
+import torch
+import yaml
+
+from edgefm_kernels.registry import Impl
+
+from edgefm_ros.runtime import tune as T
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(shared_reference):
+    return shared_reference / "smolvla-tiny", shared_reference / "vlm" / "smolvlm-tiny"
+
+
+@pytest.fixture(scope="module")
+def sites(tiny_paths):
+    found, engine = T.capture_sites(*tiny_paths, mode="fast")
+    return found, engine
+
+
+def test_sites_cover_every_op_the_model_builds(sites):
+    found, engine = sites
+    assert sum(s.count for s in found) == len(engine.resolver.resolved)
+    keys = {s.key for s in found}
+    assert len(keys) == len(found)
+    kinds = {s.spec.op_kind for s in found}
+    assert {"linear", "mlp", "attention", "rms_norm", "layer_norm", "rope", "patch_embed"} <= kinds
+    for s in found:
+        assert s.args is not None and s.spec.stage in ("prefill", "decode")
+    qkv = next(s for s in found if s.spec.layer_role == "vlm_qkv")
+    assert qkv.args[0].shape[-1] == qkv.operands["weights"][0][0].shape[1]
+
+
+def test_exact_mode_searches_fp32_only(sites):
+    found, _ = sites
+    site = next(s for s in found if s.spec.layer_role == "vision_qkv")
+    fast, _ = T.candidates(site, "fast")
+    exact, rejected = T.candidates(site, "exact")
+    assert {c.impl.precision for c in exact} == {"fp32"}
+    assert {"bf16", "int8"} <= {c.impl.precision for c in fast}
+    assert any("exact mode" in why for _, why in rejected)
+
+
+def test_a_wrong_candidate_is_dropped_with_its_error(tiny_paths):
+    # an fp32 site (exact mode): the Llama-style reference norm returns its weight's dtype (fp32), so in a
+    # bf16 stage the same-dtype contract drops it, which is not what this test is about
+    found, _ = T.capture_sites(*tiny_paths, mode="exact")
+    site = next(s for s in found if s.spec.op_kind == "rms_norm")
+    good = T.Candidate(T.reference_impl("rms_norm"))
+    off = Impl("rms_norm", "off_by_eps", lambda spec, params, weight, eps: (lambda x: x * weight * 1.01))
+    wrong_dtype = Impl("rms_norm", "to_fp64", lambda spec, params, weight, eps: (lambda x: x.double()))
+    res = T.search_site(site, [good, T.Candidate(off), T.Candidate(wrong_dtype)], rounds=3, min_site_s=0.0)
+    by = {r.impl_id: r for r in res}
+    assert not by["ref"].failure and len(by["ref"].times_ms) >= 3
+    assert "bound" in by["off_by_eps"].failure
+    assert "dtype" in by["to_fp64"].failure
+
+
+def test_winner_prefers_precision_within_noise():
+    fast_low = T.Result("bf16", "bf16", {}, 1e-3, 3e-2, "bf16", [1.00])
+    near_fp32 = T.Result("fused", "fused", {}, 0.0, 2e-5, "fp32", [1.08])
+    far_fp32 = T.Result("ref", "ref", {}, 0.0, 2e-5, "fp32", [1.50])
+    assert T.pick_winner([fast_low, near_fp32, far_fp32]) is near_fp32
+    assert T.pick_winner([fast_low, far_fp32]) is fast_low
+
+
+def test_bounded_run_writes_a_table_the_engine_loads(tiny_paths, tmp_path, goldens_tiny):
+    out = tmp_path / "cpu_test.yaml"
+    lines = []
+    status = T.tune(*tiny_paths, out_path=out, budget_s=300, rounds=3, min_site_s=0.0, log=lines.append)
+    assert status == 0, lines
+    data = yaml.safe_load(out.read_text())
+    assert data["complete"] and data["end_to_end"]["ok"]
+    assert data["hw"]["fingerprint"] and data["versions"]["torch"] == str(torch.__version__)
+    for rec in data["records"]:
+        prov = rec["provenance"]
+        assert prov["time_ms"] > 0 and prov["error"] <= prov["bound"] and prov["date"] and prov["hw"]
+    # the written table loads with no change to the runtime and keeps exact-mode parity within the bound
+    from edgefm_ros.runtime.engine import Engine
+
+    eng = Engine.from_checkpoint(*tiny_paths, mode="fast", tables=[out], use_tuned=False)
+    inputs, outputs = goldens_tiny
+    got = eng.sample(inputs, outputs["noise"])
+    assert (got - outputs["actions"]).abs().max().item() < 0.1
+    # resume: nothing left to search, the same records come back
+    again = []
+    assert T.tune(*tiny_paths, out_path=out, budget_s=300, rounds=3, min_site_s=0.0, log=again.append,
+                  check_end_to_end=False) == 0
+    assert any("resuming" in line for line in again)
+    assert yaml.safe_load(out.read_text())["records"] == data["records"]
+
+
+def test_budget_stops_and_lists_what_is_left(tiny_paths, tmp_path):
+    out = tmp_path / "partial.yaml"
+    lines = []
+    T.tune(*tiny_paths, out_path=out, budget_s=1e-3, rounds=3, min_site_s=0.0, log=lines.append,
+           check_end_to_end=False)
+    data = yaml.safe_load(out.read_text())
+    assert data["complete"] is False and data["remaining"]
+    assert any("--resume" in line for line in lines)
+
+
+def test_dry_run_lists_the_search_space(tiny_paths, tmp_path):
+    lines = []
+    assert T.tune(*tiny_paths, out_path=tmp_path / "none.yaml", dry_run=True, log=lines.append) == 0
+    text = "\n".join(lines)
+    assert "candidates:" in text and "linear/vlm_qkv/prefill" in text and "fused(backend=mkl)" in text
+    assert not (tmp_path / "none.yaml").exists()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="mode"):
+        T.tune("x", mode="turbo")
+    with pytest.raises(ValueError, match="budget_s"):
+        T.tune("x", budget_s=0)
