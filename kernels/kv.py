@@ -61,7 +61,8 @@ class Int8KV(PlainKV):
     def alloc(self, batch, kv_heads, capacity, head_dim, dtype):
         shape, sshape = (batch, kv_heads, capacity, head_dim), (batch, kv_heads, capacity, 1)
         return {"k": torch.zeros(shape, dtype=torch.int8), "v": torch.zeros(shape, dtype=torch.int8),
-                "k_scale": torch.zeros(sshape, dtype=torch.float16), "v_scale": torch.zeros(sshape, dtype=torch.float16),
+                "k_scale": torch.zeros(sshape, dtype=torch.float16),
+                "v_scale": torch.zeros(sshape, dtype=torch.float16),
                 "k_mean": torch.zeros(batch, kv_heads, 1, head_dim), "dtype": torch.empty(0, dtype=dtype)}
 
     def write(self, store, k, v, start):

@@ -19,9 +19,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, fields
 
-import rclpy
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-from rclpy.exceptions import ParameterException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
@@ -29,6 +26,7 @@ from std_msgs.msg import String
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.images import decode_compressed, image_to_rgb
 from edgefm_ros.ros.params import ParamSpec, declare
+from edgefm_ros.ros.spin import run_node
 
 NODE_NAME = "scene_query_node"
 
@@ -264,25 +262,7 @@ class SceneQueryNode(LifecycleNode):
 
 
 def main(args=None) -> int:
-    rclpy.init(args=args)
-    try:
-        node = SceneQueryNode()
-    except (ValueError, ParameterException) as e:
-        rclpy.logging.get_logger(NODE_NAME).fatal(f"invalid parameters: {e}")
-        rclpy.try_shutdown()
-        return 2
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node._stop_worker()
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.try_shutdown()
-    return 0
+    return run_node(SceneQueryNode, NODE_NAME, args, stop=lambda node: node._stop_worker())
 
 
 if __name__ == "__main__":
