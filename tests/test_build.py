@@ -16,13 +16,14 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MSG_NAMES = ("ActionChunk", "RouteDecision", "QueueStatus")
-NODE_NAMES = ("vla_node", "action_node", "router_node")
+NODE_NAMES = ("vla_node", "action_node", "router_node", "scene_query_node")
 CONSOLE_SCRIPTS = {
     "edgefm-vla": "edgefm_ros.tools.vla_cli:main",
     "edgefm-bag": "edgefm_ros.tools.bag_cli:main",
     "edgefm-router": "edgefm_ros.tools.router_cli:main",
     "edgefm-cloud": "edgefm_ros.cloud.cli:main",
     "edgefm-demo": "edgefm_ros.tools.demo:main",
+    "edgefm-llm": "edgefm_ros.tools.llm_cli:main",
 }
 # .msg primitive -> the type name rosidl reports in get_fields_and_field_types()
 ROSIDL_NAMES = {

@@ -1,0 +1,72 @@
+"""scene_query_node over ROS: camera frame + question in, streamed partial answers and the final answer out."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+
+def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id):
+    rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
+    from rclpy.context import Context
+    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.parameter import Parameter
+    from sensor_msgs.msg import Image
+    from std_msgs.msg import String
+
+    from edgefm_ros.nodes.scene_query_node import SceneAnswerer, SceneQueryNode, make_config
+    from edgefm_ros.ros import qos
+
+    engine = tiny_vlm[2]
+    ctx = Context()
+    rclpy.init(context=ctx, domain_id=ros_domain_id)
+    params = [Parameter("camera_topics", value=["/scene_cam"]), Parameter("max_new_tokens", value=10),
+              Parameter("question_topic", value="/scene_q"), Parameter("answer_topic", value="/scene_a"),
+              Parameter("partial_topic", value="/scene_p")]
+    node = SceneQueryNode(engine=engine, context=ctx, parameter_overrides=params)
+    peer = rclpy.create_node("scene_peer", context=ctx)
+    answers, partials = [], []
+    peer.create_subscription(String, "/scene_a", lambda m: answers.append(m.data), qos.RELIABLE)
+    peer.create_subscription(String, "/scene_p", lambda m: partials.append(m.data), qos.LATEST)
+    cam = peer.create_publisher(Image, "/scene_cam", qos.SENSOR)
+    ask = peer.create_publisher(String, "/scene_q", qos.RELIABLE)
+    ex = MultiThreadedExecutor(context=ctx)
+    ex.add_node(node)
+    ex.add_node(peer)
+
+    def spin():
+        try:
+            while ctx.ok():
+                ex.spin_once(timeout_sec=0.05)
+        except ExternalShutdownException:
+            pass
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    rgb = np.random.default_rng().integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
+    try:
+        bad = Image(height=48, width=64, encoding="rgb8", step=10, data=bytes(100))  # malformed: ignored
+        img = Image(height=48, width=64, encoding="rgb8", step=64 * 3, data=rgb.tobytes())
+        deadline = time.monotonic() + 30
+        while not node._latest_frames() and time.monotonic() < deadline:
+            cam.publish(bad)
+            cam.publish(img)
+            time.sleep(0.1)
+        assert node.bad_messages >= 1 and node._latest_frames()
+        ask.publish(String(data="what is on the table?"))
+        while not answers and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert answers, "no answer within 30 s"
+        # the answer is what the same answerer computes directly from the same frame
+        direct, source, _ = SceneAnswerer(engine, make_config(node.values)).answer(
+            "what is on the table?", {"/scene_cam": rgb}, lambda t: None)
+        assert answers[0] == direct and source == "edge"
+        assert partials and partials[-1].strip() == direct
+        assert all(b.startswith(a) for a, b in zip(partials, partials[1:]))  # partials grow
+    finally:
+        node._stop_worker()
+        ex.shutdown()
+        node.destroy_node()
+        peer.destroy_node()
+        rclpy.try_shutdown(context=ctx)
+        spinner.join(timeout=5)
