@@ -45,6 +45,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--configs", default="lerobot_fp32,lerobot_native,edgefm_exact,edgefm_fast",
+                    help="comma-separated subset of the four configurations")
     args = ap.parse_args()
     h = args.harness.resolve()
     lerobot_py = h / ".venv" / "bin" / "python"
@@ -53,7 +55,12 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="edgefm-bench-"))
     common = ["--warmup", str(args.warmup), "--runs", str(args.runs)]
     threads = ["--threads", str(args.threads)] if args.threads else []
-    results: dict[str, list[dict]] = {k: [] for k in ("lerobot_fp32", "lerobot_native", "edgefm_exact", "edgefm_fast")}
+    known = ("lerobot_fp32", "lerobot_native", "edgefm_exact", "edgefm_fast")
+    chosen = [c for c in args.configs.split(",") if c]
+    bad = sorted(set(chosen) - set(known))
+    if bad:
+        raise SystemExit(f"--configs: unknown {bad}; known: {list(known)}")
+    results: dict[str, list[dict]] = {k: [] for k in known if k in chosen}
     for r in range(args.rounds):
         for name in results:
             out = tmp / f"{name}.{r}.json"
@@ -91,13 +98,12 @@ def main() -> int:
         idx = 0 if name.startswith("lerobot") else 1
         table[name] = {part: med(name, k[idx]) for part, k in keys.items()}
         table[name]["peak_rss_mb"] = rss(name)
-    ratios = {
-        "exact_chunk_vs_lerobot_fp32": table["edgefm_exact"]["chunk"] / table["lerobot_fp32"]["chunk"],
-        "exact_decode_vs_lerobot_fp32": table["edgefm_exact"]["decode"] / table["lerobot_fp32"]["decode"],
-        "fast_chunk_vs_lerobot_native": table["edgefm_fast"]["chunk"] / table["lerobot_native"]["chunk"],
-        "exact_rss_vs_lerobot_fp32": table["edgefm_exact"]["peak_rss_mb"] / table["lerobot_fp32"]["peak_rss_mb"],
-        "fast_rss_vs_lerobot_native": table["edgefm_fast"]["peak_rss_mb"] / table["lerobot_native"]["peak_rss_mb"],
-    }
+    pairs = {"exact_chunk_vs_lerobot_fp32": ("edgefm_exact", "lerobot_fp32", "chunk"),
+             "exact_decode_vs_lerobot_fp32": ("edgefm_exact", "lerobot_fp32", "decode"),
+             "fast_chunk_vs_lerobot_native": ("edgefm_fast", "lerobot_native", "chunk"),
+             "exact_rss_vs_lerobot_fp32": ("edgefm_exact", "lerobot_fp32", "peak_rss_mb"),
+             "fast_rss_vs_lerobot_native": ("edgefm_fast", "lerobot_native", "peak_rss_mb")}
+    ratios = {k: table[a][part] / table[b][part] for k, (a, b, part) in pairs.items() if a in table and b in table}
     accuracy = {"exact_vs_golden_max_abs": float((ex - gold).abs().max()),
                 "fast_vs_exact_rms": float((fa - ex).pow(2).mean().sqrt()),
                 "fast_vs_exact_max_abs": float((fa - ex).abs().max())}
