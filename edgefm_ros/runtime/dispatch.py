@@ -121,15 +121,19 @@ def parse_records(data: Any, source: str) -> list[Record]:
     return records
 
 
+def read_yaml(path: Path, what: str, error: type[ValueError] = DispatchError) -> Any:
+    """Parsed YAML of ``path``; unreadable or invalid files raise ``error`` naming ``what`` and the file."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise error(f"cannot read {what} {path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise error(f"{what} {path} is not valid YAML: {e}") from None
+
+
 def load_table(path: str | Path) -> list[Record]:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise DispatchError(f"cannot read dispatch table {path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise DispatchError(f"dispatch table {path} is not valid YAML: {e}") from None
-    return parse_records(data, path.name)
+    return parse_records(read_yaml(path, "dispatch table"), path.name)
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from edgefm_kernels.registry import OP_KINDS, get_impl
 
-from .dispatch import DispatchError, Record, parse_records
+from .dispatch import DispatchError, Record, parse_records, read_yaml
 
 FIELDS = {"skill", "version", "summary", "device", "hw_profiles", "requires", "default", "impls", "records",
           "verified"}
@@ -151,13 +150,7 @@ def parse_skill(data: Any, path: Path) -> Skill:
 
 def load_skill(path: str | Path) -> Skill:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise SkillError(f"cannot read skill manifest {path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise SkillError(f"skill manifest {path} is not valid YAML: {e}") from None
-    return parse_skill(data, path)
+    return parse_skill(read_yaml(path, "skill manifest", SkillError), path)
 
 
 def discover(dirs: list[str | Path] | None = None) -> list[Skill]:
