@@ -38,7 +38,9 @@ def test_triton_rms_norm(dtype, gen):
     out = get_impl("rms_norm", "triton").build(spec("rms_norm", hw="cuda_sm90"), {}, weight=w.to(dev()), eps=1e-5)(
         x.to(dtype).to(dev()))
     assert out.dtype == dtype and out.shape == x.shape
-    assert rel_err(out.cpu(), ref) <= (1e-6 if dtype == torch.float32 else 1e-2)
+    # bf16: both sides are bf16, but the reference rounds twice (normalised value, then after the weight)
+    # and the kernel once, so they may differ by ~1.5 ulp = 2^-7 * 1.5 of the largest value
+    assert rel_err(out.cpu(), ref) <= (1e-6 if dtype == torch.float32 else 2e-2)
 
 
 def test_triton_rope(gen):
