@@ -7,23 +7,22 @@
   onednn  oneDNN with the weight reordered once per M into its blocked layout (fp32, or bf16 on AMX)
 ``post`` is an elementwise epilogue: "none", "gelu_tanh" (fused by oneDNN, applied after aten/mkl).
 
-Weights are converted (dtype, concatenation) once at build; ``release_pages`` then asks the kernel to
-drop the resident pages of the memory-mapped source so a converted copy does not double the RSS.
+Weights are converted (dtype, concatenation) once at build; ``pages.release_pages`` then asks the kernel
+to drop the resident pages of the memory-mapped source so a converted copy does not double the RSS.
+Packed layouts are moved onto huge pages once made (``pages.back_with_huge_pages``).
 """
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from .pages import back_with_huge_pages
+
 BACKENDS = ("aten", "mkl", "onednn")
 POSTS = ("none", "gelu_tanh")
 MAX_PACKED = 4  # packed layouts kept per weight (one per distinct row count M)
-_MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim the range; never changes its contents
 
 
 def backend_rejects(backend: str, dtype: torch.dtype) -> str | None:
@@ -79,6 +78,7 @@ class Gemm:
                 p = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
             else:
                 p = torch.ops.mkldnn._reorder_linear_weight(w, m)
+            back_with_huge_pages(p)  # read once per decode step: 4 KiB pages thrash the TLB
             self._packed[m] = p
             self.w = None
         return p
@@ -113,31 +113,7 @@ def concat(weights: Sequence[tuple[torch.Tensor, "torch.Tensor | None"]], dtype:
     return w, torch.cat([t.to(dtype) for t in bs], dim=0)
 
 
-@functools.cache
-def _madvise():
-    """libc's madvise from the process's own symbols (no library search, no subprocess), or None."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-
-
-def release_pages(tensors: Sequence[torch.Tensor]) -> None:
-    """Hint the kernel to reclaim the pages fully inside each CPU tensor's storage (MADV_PAGEOUT).
-
-    Meant for sources that were just converted into a new copy (e.g. memory-mapped fp32 weights):
-    the contents never change (file-backed pages are re-read on the next touch, anonymous ones are
-    swapped or left alone), only the resident set shrinks. A no-op where unsupported.
-    """
-    madvise = _madvise() if os.name == "posix" else None
-    if madvise is None:
-        return
-    page = os.sysconf("SC_PAGE_SIZE")
-    for t in tensors:
-        if t is None or t.device.type != "cpu" or t.numel() == 0:
-            continue
-        start = t.data_ptr()
-        end = start + t.numel() * t.element_size()
-        lo, hi = -(-start // page) * page, (end // page) * page
-        if hi > lo:
-            madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(_MADV_PAGEOUT))
+def gemm_factory(params):
+    """``(make, post) -> Gemm`` for an impl whose ``backend`` parameter picks the GEMM path."""
+    backend = params.get("backend", "aten")
+    return lambda make, post: Gemm(make, backend, post)

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, Gemm, backend_check, concat, release_pages
+from .gemm import BACKENDS, backend_check, concat, gemm_factory
+from .pages import release_pages
 from .registry import Impl, register
 
 Weights = Sequence[tuple[torch.Tensor, "torch.Tensor | None"]]
@@ -62,10 +63,7 @@ class LinearGroupFused(nn.Module):
 
 
 def _fused(dtype: torch.dtype):
-    def build(spec, params, weights):
-        backend = params.get("backend", "aten")
-        return LinearGroupFused(weights, dtype, lambda make, post: Gemm(make, backend, post))
-    return build
+    return lambda spec, params, weights: LinearGroupFused(weights, dtype, gemm_factory(params))
 
 
 register(Impl("linear", "fused", _fused(torch.float32), param_space={"backend": BACKENDS},

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, Gemm, backend_check, concat, release_pages
+from .gemm import BACKENDS, backend_check, concat, gemm_factory
+from .pages import release_pages
 from .registry import Impl, register
 
 ACTS = ("silu_gated", "gelu_tanh")
@@ -72,10 +73,7 @@ class MlpFused(nn.Module):
 
 
 def _fused(dtype: torch.dtype):
-    def build(spec, params, weights, act):
-        backend = params.get("backend", "aten")
-        return MlpFused(weights, act, dtype, lambda make, post: Gemm(make, backend, post))
-    return build
+    return lambda spec, params, weights, act: MlpFused(weights, act, dtype, gemm_factory(params))
 
 
 register(Impl("mlp", "fused", _fused(torch.float32), param_space={"backend": BACKENDS},

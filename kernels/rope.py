@@ -40,31 +40,33 @@ register(Impl("rope", "ref", lambda spec, params, max_wavelength=10_000.0: RopeR
 
 
 class RopeFast:
-    """The same rotation as four whole-width ops: ``x * [c, c] + roll(x, D/2) * [-s, s]``, fp32.
+    """The same rotation written straight into the two halves of the output (no rotated copy of x):
+    ``out[:D/2] = x1 c - x2 s``, ``out[D/2:] = x2 c + x1 s`` as mul + addcmul each, fp32.
 
-    Reads the reference's (cos, sin) tables, so tables made by either impl work; the whole-width
-    forms are made once per tables object (once per chunk). Bitwise equal to the reference in fp32.
+    Reads the reference's (cos, sin) tables; ``-sin`` is made once per tables object (once per chunk).
+    Works on strided views (the q/k slices of a fused QKV output) without copying them first.
     """
 
     def __init__(self, max_wavelength: float = 10_000.0):
         self.ref = RopeRef(max_wavelength)
-        self._src, self._full = None, None
+        self._src, self._neg_sin = None, None
 
     def tables(self, positions: torch.Tensor, head_dim: int):
         return self.ref.tables(positions, head_dim)
 
-    def full(self, tables):
-        if tables is not self._src:
-            cos, sin = tables
-            self._src, self._full = tables, (torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1))
-        return self._full
-
     def __call__(self, x, tables):
-        cos, sin = self.full(tables)
+        cos, sin = tables
+        if tables is not self._src:
+            self._src, self._neg_sin = tables, -sin
         h = x.float()
-        out = h * cos + torch.roll(h, x.shape[-1] // 2, dims=-1) * sin
+        half = h.shape[-1] // 2
+        x1, x2 = h[..., :half], h[..., half:]
+        out = torch.empty(h.shape, dtype=torch.float32, device=h.device)
+        lo, hi = out[..., :half], out[..., half:]
+        torch.mul(x1, cos, out=lo).addcmul_(x2, self._neg_sin)
+        torch.mul(x2, cos, out=hi).addcmul_(x1, sin)
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 register(Impl("rope", "fast", lambda spec, params, max_wavelength=10_000.0: RopeFast(max_wavelength),
-              doc="whole-width rotation (roll + 2 muls + add), fp32, reference tables"))
+              doc="rotation written into the output halves (2 mul + 2 addcmul), fp32, reference tables"))

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, Gemm, backend_check, concat, release_pages
+from .gemm import BACKENDS, Gemm, backend_check, concat, gemm_factory
+from .pages import release_pages
 from .registry import Impl, register
 
 

@@ -32,8 +32,8 @@ def test_launch_files_exist():
     assert {p.name for p in LAUNCH} >= {"edgefm.launch.py", "replay.launch.py"}
 
 
-@pytest.mark.parametrize("path", LAUNCH, ids=lambda p: p.name)
-def test_launch_files_start_our_executables_with_a_params_file(path):
+def test_launch_files_start_our_executables_with_a_params_file():
+    path = REPO / "launch" / "edgefm.launch.py"  # the one place the node graph is defined
     nodes = [c for c in _calls(path) if getattr(c.func, "id", "") in ("Node", "LifecycleNode")]
     execs = {_kw(c, "executable") for c in nodes}
     assert {"vla_node", "action_node", "router_node"} <= execs
@@ -41,11 +41,27 @@ def test_launch_files_start_our_executables_with_a_params_file(path):
     assert all(any(k.arg == "parameters" for k in c.keywords) for c in nodes), "a node without parameters"
     lifecycle = {_kw(c, "executable") for c in nodes if c.func.id == "LifecycleNode"}
     assert lifecycle == {"vla_node", "action_node"}
+
+
+@pytest.mark.parametrize("path", LAUNCH, ids=lambda p: p.name)
+def test_launch_files_refer_to_files_that_exist(path):
     text = path.read_text()
     assert "generate_launch_description" in text
     for cfg in ("edgefm.yaml", "replay.yaml"):
         if cfg in text:
             assert (REPO / "config" / cfg).is_file(), f"{path.name} refers to missing config/{cfg}"
+    for other in LAUNCH:
+        if other.name in text and other != path:
+            assert "IncludeLaunchDescription" in text
+
+
+def test_replay_launch_includes_the_graph_with_its_arguments():
+    calls = _calls(REPO / "launch" / "replay.launch.py")
+    assert not [c for c in calls if getattr(c.func, "id", "") in ("Node", "LifecycleNode")], "graph defined twice"
+    include = [c for c in calls if getattr(c.func, "id", "") == "IncludeLaunchDescription"]
+    assert len(include) == 1
+    text = ast.unparse(include[0])
+    assert "edgefm.launch.py" in text and "'params_file'" in text and "'use_router'" in text
 
 
 def test_replay_launch_uses_registered_console_scripts():
