@@ -44,13 +44,18 @@ class SdpaAttention:
         if gqa not in GQA_MODES:
             raise ValueError(f"gqa must be one of {GQA_MODES}, got {gqa!r}")
         self.zero_mask_when_none, self.native_gqa = zero_mask_when_none, gqa == "native"
-        self._src, self._add = None, None  # last bool mask seen and its additive form
+        self._src, self._dtype, self._add = None, None, None  # last bool mask seen, its additive form
 
-    def additive(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if mask is not self._src or self._add.dtype != dtype:
-            add = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-            add.masked_fill_(~mask, torch.finfo(dtype).min)
-            self._src, self._add = mask, add[:, None]  # [B, 1, Lq, Lk]
+    def additive(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """[B, 1, Lq, Lk] additive form of ``mask``; None for an all-visible CPU mask (SDPA's unmasked
+        path: the same result, no mask reads). Not checked on GPUs (no host sync, graph-capturable)."""
+        if mask is not self._src or self._dtype != dtype:
+            if mask.device.type == "cpu" and bool(mask.all()):
+                add = None
+            else:
+                add = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+                add = add.masked_fill_(~mask, torch.finfo(dtype).min)[:, None]
+            self._src, self._dtype, self._add = mask, dtype, add
         return self._add
 
     def __call__(self, q, k, v, mask):

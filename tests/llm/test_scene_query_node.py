@@ -58,9 +58,10 @@ def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id):
             time.sleep(0.1)
         assert answers, "no answer within 30 s"
         # the answer is what the same answerer computes directly from the same frame
-        direct, source, _ = SceneAnswerer(engine, make_config(node.values)).answer(
+        direct = SceneAnswerer(engine, make_config(node.values)).answer(
             "what is on the table?", {"/scene_cam": rgb}, lambda t: None)
-        assert answers[0] == direct and source == "edge"
+        assert answers[0] == direct.text and direct.source == "edge" and direct.reason == "no router"
+        direct = direct.text
         assert partials and partials[-1].strip() == direct
         assert all(b.startswith(a) for a, b in zip(partials, partials[1:]))  # partials grow
     finally:
@@ -70,3 +71,45 @@ def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id):
         peer.destroy_node()
         rclpy.try_shutdown(context=ctx)
         spinner.join(timeout=5)
+
+
+def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_vlm, tmp_path):
+    """A cloud decision: no client -> edge-fallback; a dead endpoint -> connection, then the breaker opens
+    and the next question is not even sent; every answer is the edge's own."""
+    pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vqa_support import QUESTIONS, write_router_yaml
+
+    from edgefm_ros.cloud import BreakerConfig
+    from edgefm_ros.cloud.serving import free_port
+    from edgefm_ros.cloud.vqa_client import VqaClient, VqaClientConfig
+    from edgefm_ros.nodes.scene_query_node import PARAMS, SceneAnswerer, make_config
+    from edgefm_ros.ros.params import validate
+    from edgefm_ros.routing.policy import Router
+
+    engine = tiny_vlm[2]
+    cfg = make_config(validate(PARAMS, {"max_new_tokens": 5, "cloud_timeout_s": 2.0, "static_bandwidth_mbps": 50.0,
+                                        "system_prompt": "Be brief."}))
+    router = Router.from_yaml(write_router_yaml(tmp_path / "router.yaml"))
+    rng = np.random.default_rng()
+    frames = {"/cam": rng.integers(0, 256, size=(40, 56, 3), dtype=np.uint8)}
+    q = str(rng.choice(QUESTIONS))
+    edge = SceneAnswerer(engine, cfg).answer(q, frames, lambda t: None)
+    assert (edge.source, edge.target) == ("edge", "edge")
+    a = SceneAnswerer(engine, cfg, router).answer(q, frames, lambda t: None)
+    assert (a.source, a.target, a.reason, a.fallback) == ("edge-fallback", "cloud", "cloud_gain", "no cloud_url")
+    assert a.text == edge.text and a.cloud_s < 0.1
+    dead = VqaClient(f"http://127.0.0.1:{free_port()}", config=VqaClientConfig(breaker=BreakerConfig(failures=1)),
+                     link=router.link)
+    answerer = SceneAnswerer(engine, cfg, router, dead)
+    partials = []
+    first = answerer.answer(q, frames, partials.append)
+    second = answerer.answer(q, frames, lambda t: None)
+    assert first.fallback.startswith("connection") and second.fallback.startswith("breaker_open")
+    assert first.source == second.source == "edge-fallback" and first.text == second.text == edge.text
+    assert partials and partials[-1].strip() == edge.text  # the fallback answer streams like any edge answer
+    assert dead.stats()["sent"] == 1 and first.cloud_s < cfg.cloud_timeout_s
+    dead.close()
