@@ -193,8 +193,9 @@ class SceneAnswerer:
         target, candidate, reason, params = self.route(frames, question)
         fallback, cloud_s = "", 0.0
         if target == "cloud":
+            t1 = time.perf_counter()
             got, fallback = self.ask_cloud(question, frames, params)
-            cloud_s = time.perf_counter() - t0
+            cloud_s = time.perf_counter() - t1
             if got is not None:
                 return SceneAnswer(got.text.strip(), "cloud", target, candidate, reason, "",
                                    time.perf_counter() - t0, cloud_s, len(got.tokens))

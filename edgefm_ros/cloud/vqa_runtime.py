@@ -1,0 +1,142 @@
+"""MLServer custom runtime: scene questions answered by the autoregressive engine (runtime/generate.py)
+over the Open Inference Protocol (REST and gRPC); the tensors are in vqa_protocol.py.
+
+model-settings.json names ``edgefm_ros.cloud.vqa_runtime.VqaRuntime`` as ``implementation`` and gives
+``parameters.extra`` (VqaRuntimeConfig's fields). ``load`` builds the LlmEngine and runs a short warm-up
+generation, so MLServer reports the model ready only when a question can be answered at full speed.
+
+Concurrency as in runtime.py: payloads are decoded on a small thread pool, generation runs one request
+at a time on a single engine thread (``queue_s`` is the wait for it). A request whose client budget
+(``deadline_s``) ran out while it was queued is answered 504 without running; one whose budget runs out
+while its answer is generated is stopped at the next token and answered 504 too (nobody waits for it).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from mlserver import MLModel
+from mlserver.errors import MLServerError
+from mlserver.types import InferenceRequest, InferenceResponse, Parameters, ResponseOutput
+
+from edgefm_ros.cloud.runtime import _fault_delay, _tensors
+from edgefm_ros.cloud.vqa_protocol import (ProtocolError, VqaLimits, VqaRequest, decode_vqa_request,
+                                           encode_vqa_response, vqa_messages)
+from edgefm_ros.cloud.vqa_settings import VqaRuntimeConfig
+
+log = logging.getLogger("edgefm_ros.cloud.vqa_runtime")
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+def build_llm_engine(cfg: VqaRuntimeConfig):
+    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig, SamplingConfig
+    from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
+
+    ec = LlmEngineConfig(mode=cfg.mode, kv_codec=cfg.kv_codec, capacity=cfg.capacity, threads=cfg.threads)
+    if cfg.model and not cfg.model.endswith(".gguf"):
+        engine = LlmEngine.from_dir(cfg.model, ec)
+    else:
+        engine = LlmEngine.from_gguf(cfg.model or smollm2_gguf_path(), ec)
+    warm = [] if engine.vlm is None else [np.full((64, 64, 3), 128, dtype=np.uint8)]  # exercises the vision path
+    engine.generate(vqa_messages("What do you see?", len(warm)), SamplingConfig(max_new_tokens=2), None, warm or None)
+    return engine
+
+
+def limits_for(engine, cfg: VqaRuntimeConfig) -> VqaLimits:
+    return VqaLimits(max_images=cfg.max_images if engine.vlm is not None else 0, max_side=cfg.max_side,
+                     max_image_bytes=cfg.max_image_bytes, max_question_chars=cfg.max_question_chars,
+                     max_new_tokens=cfg.max_new_tokens)
+
+
+class VqaRuntime(MLModel):
+    async def load(self) -> bool:
+        extra = self.settings.parameters.extra if self.settings.parameters else {}
+        self._cfg = VqaRuntimeConfig.from_extra(extra)
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="edgefm-vqa")
+        self._decoders = ThreadPoolExecutor(self._cfg.decode_threads, thread_name_prefix="edgefm-vqa-decode")
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        self._engine = await loop.run_in_executor(self._engine_thread, build_llm_engine, self._cfg)
+        self._limits = limits_for(self._engine, self._cfg)
+        self._model = "smolvlm2" if self._engine.vlm is not None else "smollm2"
+        log.info("edgefm VQA engine %s (%s, %d KV positions) loaded and warmed up in %.2f s", self._model,
+                 self._cfg.mode, self._cfg.capacity, time.perf_counter() - t0)
+        return True
+
+    async def unload(self) -> bool:
+        self._engine_thread.shutdown(wait=False, cancel_futures=True)
+        self._decoders.shutdown(wait=False, cancel_futures=True)
+        return True
+
+    def _run(self, req: VqaRequest, received: float, decoded: float, fault_delay_s: float):
+        from edgefm_ros.runtime.generate import SamplingConfig
+
+        started = time.perf_counter()
+        queue_s = started - decoded
+        end = None if req.deadline_s is None else received + req.deadline_s
+        if end is not None and started > end:
+            raise MLServerError(f"request {req.request_id!r} waited {queue_s:.3f} s in the queue, past its "
+                                f"deadline of {req.deadline_s:.3f} s; not run", 504)
+        if fault_delay_s > 0:
+            time.sleep(fault_delay_s)
+        try:
+            s = SamplingConfig(max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
+                               top_p=req.top_p, seed=req.seed)
+        except ValueError as e:
+            raise MLServerError(f"bad sampling parameters: {e}", 400) from None
+        n = [0]
+
+        def on_token(tok, delta):
+            n[0] += 1
+            if end is not None and time.perf_counter() > end:
+                raise _OutOfTime
+
+        t0 = time.perf_counter()
+        try:
+            out = self._engine.generate(vqa_messages(req.question, len(req.images), req.system), s, on_token,
+                                        list(req.images) or None)
+        except _OutOfTime:
+            raise MLServerError(f"request {req.request_id!r}: deadline of {req.deadline_s:.3f} s ran out after "
+                                f"{n[0]} generated tokens; stopped", 504) from None
+        except ValueError as e:  # GenerationError and the image checks: the request's fault
+            raise MLServerError(f"rejected by the engine: {e}", 400) from None
+        engine_s = time.perf_counter() - t0
+        timings = {"queue_s": queue_s, "engine_s": engine_s, "prefill_s": out.ttft_s, "decode_s": out.decode_s}
+        counts = {"prompt_tokens": out.prompt_tokens, "prefilled_tokens": out.prefilled_tokens,
+                  "tokens_generated": len(out.tokens)}
+        return out, counts, timings
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        try:
+            return await self._predict(payload)
+        except MLServerError:
+            raise
+        except Exception as e:  # answer 500 with the reason instead of dropping the connection
+            log.exception("request %r failed", payload.id)
+            raise MLServerError(f"internal error: {type(e).__name__}: {e}", 500) from None
+
+    async def _predict(self, payload: InferenceRequest) -> InferenceResponse:
+        received = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        params = payload.parameters.model_dump(exclude_none=True) if payload.parameters is not None else {}
+        fault_delay_s = _fault_delay(params.pop("fault_delay_s", 0.0)) if self._cfg.fault_injection else 0.0
+        try:
+            req = await loop.run_in_executor(self._decoders, decode_vqa_request, payload.id or "", params,
+                                             _tensors(payload), self._limits)
+        except ProtocolError as e:
+            raise MLServerError(str(e), e.status) from None
+        decoded = time.perf_counter()
+        out, counts, timings = await loop.run_in_executor(self._engine_thread, self._run, req, received, decoded,
+                                                         fault_delay_s)
+        timings["decode_input_s"] = decoded - received
+        timings["server_s"] = time.perf_counter() - received
+        body = encode_vqa_response(out.text, out.tokens, self._model, out.stop_reason, counts, timings)
+        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
+                                 parameters=Parameters(**body["parameters"]),
+                                 outputs=[ResponseOutput(**o) for o in body["outputs"]])
