@@ -5,6 +5,9 @@ kernel, when the response head arrived, and the kernel's RTT of the connection (
 minimum RTT seen, i.e. the path without queueing; the smoothed RTT would count the queue our own
 upload builds on a slow link as round-trip time, not as upload time. A call in flight can be aborted
 from another thread (the deadline), which closes its socket.
+
+``request`` reads the whole response; ``stream`` returns at the response head and hands out the body's
+Server-Sent Events one at a time (``Streamed.events``), for answers that arrive token by token.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from typing import Iterator
 from urllib.parse import urlsplit
 
 # struct tcp_info (linux/tcp.h): 8 one-byte fields, then u32s: tcpi_rtt (us) at 68, tcpi_min_rtt (us, Linux 4.6+) at 148
@@ -102,17 +106,19 @@ class HttpTransport:
                 return
         conn.close()
 
-    def request(self, method: str, path: str, body: bytes | None, timeout_s: float, call: Call | None = None,
-                content_type: str = "application/json") -> Exchange:
-        """One HTTP exchange; raises OSError/http.client.HTTPException on transport failure."""
+    def _send(self, method: str, path: str, body: bytes | None, timeout_s: float, call: Call | None,
+              content_type: str, accept: str | None):
+        """Sends a request on a kept-alive (or new) connection and reads the response head.
+        -> (conn, resp, sent_bytes, send_s, head_s); on failure the connection is closed and the error raised."""
         conn = self._connect()
-        if call is not None:
-            call.attach(conn)
-        headers = dict(self._headers)
-        if body is not None:
-            headers["Content-Type"] = content_type
-        ok = False
         try:
+            if call is not None:
+                call.attach(conn)
+            headers = dict(self._headers)
+            if body is not None:
+                headers["Content-Type"] = content_type
+            if accept:
+                headers["Accept"] = accept
             conn.timeout = max(timeout_s, 1e-3)
             if conn.sock is not None:
                 conn.sock.settimeout(conn.timeout)
@@ -121,18 +127,80 @@ class HttpTransport:
             t_sent = time.perf_counter()
             resp = conn.getresponse()
             t_head = time.perf_counter()
+        except BaseException:
+            conn.close()
+            raise
+        head_bytes = len(method) + len(path) + sum(len(k) + len(v) + 4 for k, v in headers.items()) + 64
+        return conn, resp, head_bytes + len(body or b""), t_sent - t0, t_head - t0
+
+    def request(self, method: str, path: str, body: bytes | None, timeout_s: float, call: Call | None = None,
+                content_type: str = "application/json") -> Exchange:
+        """One HTTP exchange; raises OSError/http.client.HTTPException on transport failure."""
+        t0 = time.perf_counter()
+        conn, resp, sent, send_s, head_s = self._send(method, path, body, timeout_s, call, content_type, None)
+        ok = False
+        try:
             data = resp.read()
             t_done = time.perf_counter()
             rtt = tcp_rtt_s(conn.sock)
             ok = not resp.will_close
-            head_bytes = len(method) + len(path) + sum(len(k) + len(v) + 4 for k, v in headers.items()) + 64
-            return Exchange(resp.status, data, head_bytes + len(body or b""), t_sent - t0, t_head - t0,
-                            t_done - t0, rtt)
+            return Exchange(resp.status, data, sent, send_s, head_s, t_done - t0, rtt)
         finally:
             self._release(conn, ok and not (call is not None and call.aborted))
+
+    def stream(self, method: str, path: str, body: bytes | None, timeout_s: float, call: Call | None = None,
+               content_type: str = "application/json") -> "Streamed":
+        """Sends the request and returns at the response head; read the body with ``Streamed.events()``
+        (or ``read()``), then ``close()``. ``timeout_s`` bounds each socket read, not the whole stream."""
+        conn, resp, sent, send_s, head_s = self._send(method, path, body, timeout_s, call, content_type,
+                                                      "text/event-stream")
+        return Streamed(self, conn, resp, call, sent, send_s, head_s, tcp_rtt_s(conn.sock))
 
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
         for c in idle:
             c.close()
+
+
+class Streamed:
+    """A response being read: the head is in (``status``, timings as in Exchange), the body follows."""
+
+    def __init__(self, transport: HttpTransport, conn, resp, call: Call | None, sent_bytes: int, send_s: float,
+                 head_s: float, rtt: float | None):
+        self._transport, self._conn, self._resp, self._call = transport, conn, resp, call
+        self.status, self.sent_bytes, self.send_s, self.head_s, self.tcp_rtt_s = resp.status, sent_bytes, send_s, \
+            head_s, rtt
+        self._closed = False
+
+    def read(self) -> bytes:
+        """The whole (remaining) body, e.g. the error text of a non-200 answer."""
+        return self._resp.read()
+
+    def events(self) -> Iterator[bytes]:
+        """The ``data`` of each Server-Sent Event as it arrives (multi-line data joined by newlines);
+        ends when the body ends. A body cut off mid-event raises http.client.IncompleteRead/OSError."""
+        data: list[bytes] = []
+        while True:
+            line = self._resp.readline(1 << 24)
+            if not line:
+                if data:
+                    raise http.client.IncompleteRead(b"\n".join(data))
+                return
+            line = line.rstrip(b"\r\n")
+            if not line:  # blank line: the event is complete
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+            # other fields (event:, id:, retry:) and comments (":...") are not used
+
+    def close(self) -> None:
+        """Releases the connection: kept alive only when the body was read to its end."""
+        if self._closed:
+            return
+        self._closed = True
+        done = self._resp.isclosed() and not self._resp.will_close
+        self._transport._release(self._conn, done and not (self._call is not None and self._call.aborted))

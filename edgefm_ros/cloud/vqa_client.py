@@ -8,23 +8,33 @@ retries only when the deadline allows, the circuit breaker, link measurements fo
         ...  # answer on the edge
 
 ``ask`` returns or raises by ``deadline_s`` from now, whatever the server and the network do (the
-call is aborted and its socket closed). The errors are client.py's: CloudDeadlineExceeded,
-CloudUnavailable (breaker open, connection failed, 5xx), CloudRejected (4xx: never retried, does not
-trip the breaker). ``link``: ``observe(upload_bytes, upload_s, rtt_s, now)`` / ``observe_failure(now)``
+call is aborted and its socket closed). ``ask_stream`` (``infer_stream``: Server-Sent Events) hands the
+answer so far to ``on_partial(text)`` as tokens arrive, in the caller's thread, with the same deadline
+and breaker; ``stream`` is the same as an iterator of texts so far (its return value, and ``last``, is
+the answer). A stream that breaks or stalls past the deadline raises CloudError like a failed ``ask``,
+whatever was already handed out: the partial text is never an answer.
+
+    answer = vqa.ask_stream("what is on the table?", [rgb], 5.0, on_partial=show_text_so_far)
+
+The errors are client.py's: CloudDeadlineExceeded, CloudUnavailable (breaker open, connection failed,
+5xx, a stream broken mid-answer), CloudRejected (4xx: never retried, does not trip the breaker).
+``link``: ``observe(upload_bytes, upload_s, rtt_s, now)`` / ``observe_failure(now)``
 (routing.link.LinkEstimator), called from the caller's thread. Use one VqaClient from one thread.
 """
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import math
+import queue
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -34,7 +44,7 @@ from edgefm_ros.cloud.client import (RETRYABLE_STATUS, SOCKET_GRACE_S, CloudDead
 from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.cloud.protocol import request_body
 from edgefm_ros.cloud.transport import Call, Exchange, HttpTransport
-from edgefm_ros.cloud.vqa_protocol import decode_vqa_response, encode_vqa_request
+from edgefm_ros.cloud.vqa_protocol import decode_vqa_event, decode_vqa_response, encode_vqa_request
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ class VqaAnswer:
     rtt_s: float
     attempts: int
     server: dict  # the server's seconds: queue_s, prefill_s (time to first token), decode_s, server_s, ...
+    first_text_s: float = math.nan  # streamed: ask -> the first partial text in the caller's hands
 
 
 class VqaClient:
@@ -83,6 +94,7 @@ class VqaClient:
         self._http = HttpTransport(url, token, ca_file, max_idle=config.threads)
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="edgefm-vqa-cloud")
         self._path = f"/v2/models/{config.model_name}/infer"
+        self._stream_path = f"/v2/models/{config.model_name}/infer_stream"
         self._lock = threading.Lock()
         self._typical: float | None = None  # EWMA of successful call times
         self._counts: dict[str, int] = {}
@@ -130,6 +142,91 @@ class VqaClient:
         return VqaAnswer(text, tokens, str(params.get("model", "")), str(params.get("stop_reason", "")),
                          time.monotonic() - t0, encode_s, ex.sent_bytes, upload_s, rtt_s, attempts, server)
 
+    def _open_stream(self, body: bytes, deadline: float, call: Call):
+        """POST to infer_stream with retries (before any answer text) -> (the 200 stream, attempts)."""
+        typical = self._typical or 0.0
+        attempt, last_err = 0, None
+        while attempt < self.cfg.max_attempts and not call.aborted:
+            if attempt > 0 and deadline - time.monotonic() < typical + self.cfg.retry_margin_s:
+                break
+            attempt += 1
+            try:
+                st = self._http.stream("POST", self._stream_path, body, deadline - time.monotonic() + SOCKET_GRACE_S,
+                                       call)
+            except TimeoutError:
+                raise CloudDeadlineExceeded("no answer from the cloud before the deadline") from None
+            except (OSError, http.client.HTTPException) as e:
+                last_err = CloudUnavailable(f"cloud call failed: {type(e).__name__}: {e}", "connection")
+                continue
+            if st.status == 200:
+                return st, attempt
+            try:
+                msg = _error_text(st.read())
+            except (OSError, http.client.HTTPException):
+                msg = "(no body)"
+            st.close()
+            if st.status in RETRYABLE_STATUS:
+                last_err = CloudUnavailable(f"server answered {st.status}: {msg}", "server_error", st.status)
+                continue
+            raise CloudRejected(f"server refused the question ({st.status}): {msg}", "rejected", st.status)
+        raise last_err or CloudDeadlineExceeded("no time left for an attempt")
+
+    def _stream_worker(self, request: dict, deadline: float, call: Call, out: queue.Queue) -> None:
+        """Reads the answer stream: puts ("delta", text) per token, then ("final", VqaAnswer) or ("error", e)."""
+        try:
+            out.put(("final", self._read_stream(request, deadline, call, out)))
+        except CloudError as e:
+            out.put(("error", e))
+        except Exception as e:  # a surprise: a failed call, never a crash of the caller
+            out.put(("error", CloudError(f"cloud stream failed: {type(e).__name__}: {e}", "client_error")))
+
+    def _read_stream(self, request: dict, deadline: float, call: Call, out: queue.Queue) -> VqaAnswer:
+        t0 = time.monotonic()
+        if self.cfg.send_deadline:
+            request["parameters"]["deadline_s"] = max(deadline - t0, 0.0)
+        body = request_body(request)
+        encode_s = time.monotonic() - t0
+        st, attempts = self._open_stream(body, deadline, call)
+        streamed, n = [], 0
+        try:
+            for data in st.events():
+                try:
+                    ev = decode_vqa_event(json.loads(data))
+                except (ValueError, TypeError) as e:
+                    raise CloudError(f"malformed stream event from the server: {e}", "bad_response") from None
+                if ev.kind == "delta":
+                    n += 1
+                    if ev.text:
+                        streamed.append(ev.text)
+                        out.put(("delta", ev.text))
+                    continue
+                if ev.kind == "error":
+                    cls, reason = (CloudUnavailable, "server_error") if ev.status >= 500 else (CloudRejected,
+                                                                                               "rejected")
+                    raise cls(f"server stopped the answer after {n} tokens ({ev.status}): {ev.error}", reason,
+                              ev.status)
+                so_far = "".join(streamed)
+                if ev.text != so_far:  # answered in one piece (or deltas lost): hand out the rest
+                    if not ev.text.startswith(so_far):
+                        raise CloudError(f"the streamed text {so_far[:40]!r} is not the start of the answer "
+                                         f"{ev.text[:40]!r}", "bad_response")
+                    out.put(("delta", ev.text[len(so_far):]))
+                server = {k: float(v) for k, v in ev.params.items()
+                          if k.endswith("_s") and isinstance(v, (int, float))}
+                upload_s, rtt_s = _measure(st, 0.0)  # the head came before generation: no server time in it
+                _drain(st)
+                return VqaAnswer(ev.text, ev.tokens, str(ev.params.get("model", "")),
+                                 str(ev.params.get("stop_reason", "")), time.monotonic() - t0, encode_s,
+                                 st.sent_bytes, upload_s, rtt_s, attempts, server)
+        except (OSError, http.client.HTTPException) as e:
+            if isinstance(e, TimeoutError):
+                raise CloudDeadlineExceeded(f"the answer stream stalled after {n} tokens") from None
+            raise CloudUnavailable(f"the answer stream broke after {n} tokens: {type(e).__name__}: {e}",
+                                   "connection") from None
+        finally:
+            st.close()
+        raise CloudUnavailable(f"the answer stream ended after {n} tokens without a final answer", "connection")
+
     # ---------------------------------------------------------------- bookkeeping (caller thread)
 
     def _count(self, key: str) -> None:
@@ -159,13 +256,9 @@ class VqaClient:
 
     # ---------------------------------------------------------------- public API
 
-    def ask(self, question: str, images: Sequence[np.ndarray] = (), deadline_s: float = 5.0, *,
-            encoding: Encoding = Encoding(), system: str | None = None, max_new_tokens: int = 64,
-            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-            request_id: str | None = None) -> VqaAnswer:
-        """The cloud's answer within ``deadline_s`` seconds, or CloudError saying why not.
-
-        ``images``: uint8 (H, W, 3) RGB or float32 (3, H, W) in [0, 1], in prompt order."""
+    def _prepare(self, question: str, images: Sequence[np.ndarray], deadline_s: float, encoding: Encoding,
+                 request_id: str | None, **sampling) -> tuple[float, dict]:
+        """(deadline, request dict), or CloudError (no budget, breaker open) / ValueError (bad input)."""
         if not (isinstance(deadline_s, (int, float)) and math.isfinite(deadline_s)):
             raise ValueError(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
         deadline = time.monotonic() + deadline_s
@@ -175,10 +268,21 @@ class VqaClient:
             raise self._failed(CloudUnavailable("circuit breaker open", "breaker_open"))
         try:  # encoding errors (bad image, bad sampling value) are the caller's: raised as ValueError
             request = encode_vqa_request(question, list(images), encoding, request_id=request_id or uuid.uuid4().hex,
-                                         system=system, max_new_tokens=max_new_tokens, temperature=temperature,
-                                         top_k=top_k, top_p=top_p, seed=seed, extra=dict(self.cfg.request_parameters))
+                                         extra=dict(self.cfg.request_parameters), **sampling)
         except (TypeError, OverflowError) as e:
             raise ValueError(f"cannot encode the question: {e}") from None
+        return deadline, request
+
+    def ask(self, question: str, images: Sequence[np.ndarray] = (), deadline_s: float = 5.0, *,
+            encoding: Encoding = Encoding(), system: str | None = None, max_new_tokens: int = 64,
+            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+            request_id: str | None = None) -> VqaAnswer:
+        """The cloud's answer within ``deadline_s`` seconds, or CloudError saying why not.
+
+        ``images``: uint8 (H, W, 3) RGB or float32 (3, H, W) in [0, 1], in prompt order."""
+        deadline, request = self._prepare(question, images, deadline_s, encoding, request_id, system=system,
+                                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                          top_p=top_p, seed=seed)
         call = Call()
         fut = self._pool.submit(self._worker, request, deadline, call)
         self._count("sent")
@@ -193,6 +297,63 @@ class VqaClient:
             raise self._failed(CloudError(f"cloud call failed: {type(e).__name__}: {e}", "client_error")) from None
         return self._succeeded(answer)
 
+    def stream(self, question: str, images: Sequence[np.ndarray] = (), deadline_s: float = 5.0, *,
+               encoding: Encoding = Encoding(), system: str | None = None, max_new_tokens: int = 64,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+               request_id: str | None = None) -> Iterator[str]:
+        """Yields the answer text so far as tokens arrive; returns the VqaAnswer (also ``last``), or raises
+        CloudError by ``deadline_s`` from now (time the caller spends between items counts). Closing the
+        iterator early abandons the call (counted as ``abandoned``, not as a failure)."""
+        deadline, request = self._prepare(question, images, deadline_s, encoding, request_id, system=system,
+                                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                          top_p=top_p, seed=seed)
+        return self._stream(deadline, request)
+
+    def _stream(self, deadline: float, request: dict) -> Iterator[str]:
+        call, events = Call(), queue.Queue()
+        t0 = time.monotonic()
+        self._pool.submit(self._stream_worker, request, deadline, call, events)
+        self._count("sent")
+        text, first = "", math.nan
+        try:
+            while True:
+                try:
+                    kind, value = events.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    call.abort()
+                    raise self._failed(CloudDeadlineExceeded(
+                        f"the answer stream did not finish before the deadline ({len(text)} characters in)")) from None
+                if kind == "delta":
+                    text += value
+                    if math.isnan(first):
+                        first = time.monotonic() - t0
+                    yield text
+                elif kind == "error":
+                    raise self._failed(value)
+                else:
+                    break
+        except GeneratorExit:
+            call.abort()
+            self._count("abandoned")
+            raise
+        return self._succeeded(dataclasses.replace(value, first_text_s=first))
+
+    def ask_stream(self, question: str, images: Sequence[np.ndarray] = (), deadline_s: float = 5.0, *,
+                   on_partial: Callable[[str], None] | None = None, **kw) -> VqaAnswer:
+        """``ask`` with the answer streamed: ``on_partial(text_so_far)`` in this thread as tokens arrive
+        (``stream``'s keyword arguments). Returns the whole answer or raises CloudError by the deadline."""
+        it = self.stream(question, images, deadline_s, **kw)
+        try:
+            while True:
+                try:
+                    text = next(it)
+                except StopIteration as done:
+                    return done.value
+                if on_partial is not None:
+                    on_partial(text)
+        finally:
+            it.close()  # on_partial raised: abandon the call now
+
     def healthy(self, timeout_s: float = 1.0) -> bool:
         """The server answers ready for this model (loaded and warmed up)."""
         try:
@@ -202,7 +363,7 @@ class VqaClient:
         return ex.status == 200
 
     def stats(self) -> dict:
-        """Counters: sent, cloud, fail_<reason>; breaker state and times opened."""
+        """Counters: sent, cloud, fail_<reason>, abandoned; breaker state and times opened."""
         with self._lock:
             out = dict(self._counts)
         out["breaker"] = self.breaker.state(self.clock())
@@ -212,3 +373,12 @@ class VqaClient:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
+
+
+def _drain(st) -> None:
+    """Reads the stream's end after the final event, so its connection can be kept alive."""
+    try:
+        for _ in st.events():
+            pass
+    except (OSError, http.client.HTTPException):
+        pass  # the answer is complete; the connection is just not reused

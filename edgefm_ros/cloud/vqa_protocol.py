@@ -16,13 +16,22 @@ Response:
                "decode_input_s" (payload decoding), "prefill_s" (time to first token), "decode_s",
                "engine_s" (the whole generation), "server_s" (received -> response ready)}
 
+Streaming (POST .../infer_stream, the same request): Server-Sent Events, each ``data:`` one v2 response
+with the parameter "event":
+  "delta"  one per generated token: output "delta" BYTES [1] (new text, may be empty while a UTF-8
+           sequence or a possible stop string is incomplete); parameters "token" (its id; the last
+           event of an answer that ended on a stop id carries that id) and "index" (0, 1, ...)
+  "final"  the whole response above (the deltas concatenated are its answer, exactly)
+  "error"  parameters "status" (the HTTP status it would have had: 400, 504, 500) and "error"
+An answer streams as deltas then exactly one final or error event; a stream that ends without one broke.
+
 The prompt is the same on the edge and in the cloud: ``vqa_messages``. Everything a request carries is
 checked here before any model code runs; ProtocolError names the bad field (400, or 413 too large).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -31,6 +40,8 @@ from edgefm_ros.cloud.images import Encoding, encode_image
 from edgefm_ros.cloud.protocol import ProtocolError, Tensor, _b64, _image, _one_bytes
 
 QUESTION, SYSTEM, ANSWER, TOKENS, IMAGE_PREFIX = "question", "system", "answer", "tokens", "image_"
+DELTA = "delta"
+EVENTS = ("delta", "final", "error")
 TIMING_KEYS = ("queue_s", "decode_input_s", "prefill_s", "decode_s", "engine_s", "server_s")
 COUNT_KEYS = ("prompt_tokens", "prefilled_tokens", "tokens_generated")
 
@@ -192,3 +203,61 @@ def encode_vqa_response(text: str, tokens: Sequence[int], model: str, stop_reaso
     return {"outputs": [{"name": ANSWER, "datatype": "BYTES", "shape": [1], "data": [text]},
                         {"name": TOKENS, "datatype": "INT64", "shape": [len(ids)], "data": ids}],
             "parameters": params}
+
+
+# ---------------------------------------------------------------- streaming events
+
+@dataclass(frozen=True)
+class VqaEvent:
+    """One event of an answer stream (see the module docstring)."""
+
+    kind: str  # delta | final | error
+    text: str = ""  # delta: the new text; final: the whole answer
+    token: int = -1  # delta: the token's id
+    tokens: tuple[int, ...] = ()  # final: the generated ids
+    params: dict = field(default_factory=dict)  # final: the response parameters
+    status: int = 0  # error: the HTTP status it stands for
+    error: str = ""  # error: the reason
+
+
+def encode_vqa_delta(token: int, delta: str, index: int) -> dict:
+    return {"outputs": [{"name": DELTA, "datatype": "BYTES", "shape": [1], "data": [delta]}],
+            "parameters": {"event": "delta", "token": int(token), "index": int(index)}}
+
+
+def encode_vqa_final(body: Mapping[str, Any]) -> dict:
+    """A response of encode_vqa_response marked as the stream's final event."""
+    return {"outputs": body["outputs"], "parameters": {**body["parameters"], "event": "final"}}
+
+
+def encode_vqa_error(status: int, message: str) -> dict:
+    return {"outputs": [], "parameters": {"event": "error", "status": int(status), "error": str(message)}}
+
+
+def decode_vqa_event(body: Mapping[str, Any]) -> VqaEvent:
+    """One stream event (a v2 response dict) -> VqaEvent; ValueError if malformed. A response without an
+    "event" parameter is a final one (MLServer with parallel workers answers a stream in one piece)."""
+    if not isinstance(body, Mapping):
+        raise ValueError(f"stream event must be a JSON object, got {type(body).__name__}")
+    params = body.get("parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"stream event parameters must be an object, got {params!r}")
+    kind = params.get("event", "final")
+    if kind not in EVENTS:
+        raise ValueError(f"stream event kind must be one of {EVENTS}, got {kind!r}")
+    if kind == "error":
+        status = params.get("status")
+        if not (isinstance(status, int) and 400 <= status < 600):
+            raise ValueError(f"error event status must be an HTTP error status, got {status!r}")
+        return VqaEvent("error", status=status, error=str(params.get("error", "")))
+    if kind == "final":
+        text, ids, p = decode_vqa_response(body)
+        return VqaEvent("final", text=text, tokens=ids, params={k: v for k, v in p.items() if k != "event"})
+    outs = [o for o in body.get("outputs", []) if isinstance(o, Mapping) and o.get("name") == DELTA]
+    data = outs[0].get("data") if len(outs) == 1 else None
+    if not (isinstance(data, list) and len(data) == 1 and isinstance(data[0], str)):
+        raise ValueError(f"delta event must hold one {DELTA!r} text, got {str(body.get('outputs'))[:80]}")
+    token = params.get("token")
+    if not (isinstance(token, int) and not isinstance(token, bool) and token >= 0):
+        raise ValueError(f"delta event token must be an id >= 0, got {token!r}")
+    return VqaEvent("delta", text=data[0], token=token)

@@ -9,13 +9,22 @@ Concurrency as in runtime.py: payloads are decoded on a small thread pool, gener
 at a time on a single engine thread (``queue_s`` is the wait for it). A request whose client budget
 (``deadline_s``) ran out while it was queued is answered 504 without running; one whose budget runs out
 while its answer is generated is stopped at the next token and answered 504 too (nobody waits for it).
+
+Streaming (``predict_stream``, REST ``/v2/models/<name>/infer_stream``, Server-Sent Events): the same
+request; one "delta" event per generated token as the engine produces it, then one "final" event (the
+whole response) or an "error" event with the status the plain call would have answered (the stream's
+HTTP status is already 200 when generation starts). A client that goes away stops its generation at the
+next token. With ``--fault-injection`` the request parameter ``fault_token_delay_s`` slows every token
+(drills: a stream that is still running when the server is killed).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator
 
 import numpy as np
 from mlserver import MLModel
@@ -24,6 +33,7 @@ from mlserver.types import InferenceRequest, InferenceResponse, Parameters, Resp
 
 from edgefm_ros.cloud.runtime import _fault_delay, _tensors
 from edgefm_ros.cloud.vqa_protocol import (ProtocolError, VqaLimits, VqaRequest, decode_vqa_request,
+                                           encode_vqa_delta, encode_vqa_error, encode_vqa_final,
                                            encode_vqa_response, vqa_messages)
 from edgefm_ros.cloud.vqa_settings import VqaRuntimeConfig
 
@@ -32,6 +42,18 @@ log = logging.getLogger("edgefm_ros.cloud.vqa_runtime")
 
 class _OutOfTime(Exception):
     pass
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _token_delay(value) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 10.0
+    if not ok:
+        raise MLServerError(f"parameter fault_token_delay_s must be a number of seconds in [0, 10], got {value!r}",
+                            400)
+    return float(value)
 
 
 def build_llm_engine(cfg: VqaRuntimeConfig):
@@ -74,17 +96,21 @@ class VqaRuntime(MLModel):
         self._decoders.shutdown(wait=False, cancel_futures=True)
         return True
 
-    def _run(self, req: VqaRequest, received: float, decoded: float, fault_delay_s: float):
+    def _run(self, req: VqaRequest, received: float, decoded: float, faults: tuple[float, float],
+             on_delta=None, cancel: threading.Event | None = None):
+        """Generation on the engine thread; ``on_delta(token, text)`` per token (streaming), ``cancel``
+        set: stop at the next token. ``faults``: (delay before, delay per token) in seconds (drills)."""
         from edgefm_ros.runtime.generate import SamplingConfig
 
+        cancel = cancel or threading.Event()
         started = time.perf_counter()
         queue_s = started - decoded
         end = None if req.deadline_s is None else received + req.deadline_s
         if end is not None and started > end:
             raise MLServerError(f"request {req.request_id!r} waited {queue_s:.3f} s in the queue, past its "
                                 f"deadline of {req.deadline_s:.3f} s; not run", 504)
-        if fault_delay_s > 0:
-            time.sleep(fault_delay_s)
+        if faults[0] > 0:
+            cancel.wait(faults[0])
         try:
             s = SamplingConfig(max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_k=req.top_k,
                                top_p=req.top_p, seed=req.seed)
@@ -94,8 +120,14 @@ class VqaRuntime(MLModel):
 
         def on_token(tok, delta):
             n[0] += 1
+            if faults[1] > 0:
+                cancel.wait(faults[1])
+            if cancel.is_set():
+                raise _Cancelled
             if end is not None and time.perf_counter() > end:
                 raise _OutOfTime
+            if on_delta is not None:
+                on_delta(tok, delta)
 
         t0 = time.perf_counter()
         try:
@@ -104,6 +136,9 @@ class VqaRuntime(MLModel):
         except _OutOfTime:
             raise MLServerError(f"request {req.request_id!r}: deadline of {req.deadline_s:.3f} s ran out after "
                                 f"{n[0]} generated tokens; stopped", 504) from None
+        except _Cancelled:
+            raise MLServerError(f"request {req.request_id!r}: the client went away after {n[0]} generated "
+                                "tokens; stopped", 499) from None
         except ValueError as e:  # GenerationError and the image checks: the request's fault
             raise MLServerError(f"rejected by the engine: {e}", 400) from None
         engine_s = time.perf_counter() - t0
@@ -111,6 +146,31 @@ class VqaRuntime(MLModel):
         counts = {"prompt_tokens": out.prompt_tokens, "prefilled_tokens": out.prefilled_tokens,
                   "tokens_generated": len(out.tokens)}
         return out, counts, timings
+
+    async def _decode(self, payload: InferenceRequest) -> tuple[VqaRequest, tuple[float, float]]:
+        """The checked request and its fault delays; MLServerError (4xx) naming the bad field."""
+        params = payload.parameters.model_dump(exclude_none=True) if payload.parameters is not None else {}
+        faults = (0.0, 0.0)
+        if self._cfg.fault_injection:
+            faults = (_fault_delay(params.pop("fault_delay_s", 0.0)),
+                      _token_delay(params.pop("fault_token_delay_s", 0.0)))
+        try:
+            req = await asyncio.get_running_loop().run_in_executor(self._decoders, decode_vqa_request,
+                                                                   payload.id or "", params, _tensors(payload),
+                                                                   self._limits)
+        except ProtocolError as e:
+            raise MLServerError(str(e), e.status) from None
+        return req, faults
+
+    def _response(self, payload: InferenceRequest, body: dict) -> InferenceResponse:
+        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
+                                 parameters=Parameters(**body["parameters"]),
+                                 outputs=[ResponseOutput(**o) for o in body["outputs"]])
+
+    def _answer(self, out, counts: dict, timings: dict, received: float, decoded: float) -> dict:
+        timings["decode_input_s"] = decoded - received
+        timings["server_s"] = time.perf_counter() - received
+        return encode_vqa_response(out.text, out.tokens, self._model, out.stop_reason, counts, timings)
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         try:
@@ -123,20 +183,45 @@ class VqaRuntime(MLModel):
 
     async def _predict(self, payload: InferenceRequest) -> InferenceResponse:
         received = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        params = payload.parameters.model_dump(exclude_none=True) if payload.parameters is not None else {}
-        fault_delay_s = _fault_delay(params.pop("fault_delay_s", 0.0)) if self._cfg.fault_injection else 0.0
-        try:
-            req = await loop.run_in_executor(self._decoders, decode_vqa_request, payload.id or "", params,
-                                             _tensors(payload), self._limits)
-        except ProtocolError as e:
-            raise MLServerError(str(e), e.status) from None
+        req, faults = await self._decode(payload)
         decoded = time.perf_counter()
-        out, counts, timings = await loop.run_in_executor(self._engine_thread, self._run, req, received, decoded,
-                                                         fault_delay_s)
-        timings["decode_input_s"] = decoded - received
-        timings["server_s"] = time.perf_counter() - received
-        body = encode_vqa_response(out.text, out.tokens, self._model, out.stop_reason, counts, timings)
-        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
-                                 parameters=Parameters(**body["parameters"]),
-                                 outputs=[ResponseOutput(**o) for o in body["outputs"]])
+        out, counts, timings = await asyncio.get_running_loop().run_in_executor(
+            self._engine_thread, self._run, req, received, decoded, faults)
+        return self._response(payload, self._answer(out, counts, timings, received, decoded))
+
+    async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        """One request in; a "delta" event per generated token, then "final" (or "error")."""
+        payload = await payloads.__anext__()
+        received = time.perf_counter()
+        cancel = threading.Event()  # set when this generator is closed early: the client went away
+        try:
+            req, faults = await self._decode(payload)
+            decoded = time.perf_counter()
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue = asyncio.Queue()
+
+            def on_delta(tok: int, delta: str) -> None:  # engine thread
+                loop.call_soon_threadsafe(events.put_nowait, (tok, delta))
+
+            job = loop.run_in_executor(self._engine_thread, self._run, req, received, decoded, faults, on_delta,
+                                       cancel)
+            def done(f) -> None:  # runs on the loop after every delta was queued (same thread, in order)
+                if not f.cancelled():
+                    f.exception()  # retrieved here: a client that went away never awaits it
+                events.put_nowait(None)
+
+            job.add_done_callback(done)
+            index = 0
+            while (item := await events.get()) is not None:
+                yield self._response(payload, encode_vqa_delta(item[0], item[1], index))
+                index += 1
+            out, counts, timings = await job
+            last = encode_vqa_final(self._answer(out, counts, timings, received, decoded))
+        except MLServerError as e:
+            last = encode_vqa_error(e.status_code, str(e))
+        except Exception as e:  # report it in the stream instead of dropping the connection
+            log.exception("stream %r failed", payload.id)
+            last = encode_vqa_error(500, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            cancel.set()  # no-op once generation ended; stops it when the client has gone
+        yield self._response(payload, last)

@@ -6,6 +6,11 @@ sensor-data QoS), the instruction (std_msgs/String, reliable + transient local) 
 empty array reports a failed call). Publishes ``edgefm_ros/RouteDecision`` on ``route_topic`` at
 ``rate_hz`` and at once on every new instruction, and the decision overhead on /diagnostics.
 
+The bandwidth guard keeps every decision on the edge while the link estimate is unknown, and only
+link samples move it: with ``cloud_url`` set the node probes that endpoint's link itself (an upload to
+its /edgefm/probe, cloud/probe.py) on a background thread when the estimate is unknown or about to go
+stale, at most every ``probe_period_s``; a failed probe counts as a failed call (circuit breaker).
+
 ``delta_min``, ``guard_mbps`` and ``guard_hysteresis_mbps`` can be changed at runtime (``ros2 param
 set``); a bad value is rejected with the reason. Images are read as zero-copy numpy views of
 ``msg.data`` (no cv_bridge); a JPEG CompressedImage goes to the router as its bytes, so its encoder
@@ -14,6 +19,7 @@ quality is read from the quantisation tables.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections import deque
@@ -61,6 +67,14 @@ PARAMS = (
     ParamSpec("static_bandwidth_mbps", "float", 0.0, "When > 0: a known fixed link, fed to the estimator "
               "before each decision (demos, benches); 0: measured samples only.", range=(0.0, 100000.0)),
     ParamSpec("static_rtt_s", "float", 0.02, "RTT of the static link.", range=(0.0, 10.0)),
+    ParamSpec("cloud_url", "str", "", "Cloud endpoint (edgefm-cloud serve) whose link is probed, e.g. "
+              "https://10.0.0.5:8443; empty: no probes (samples from link_sample_topic only)."),
+    ParamSpec("cloud_token_file", "str", "", "File holding the endpoint's bearer token; empty: "
+              "$EDGEFM_CLOUD_TOKEN."),
+    ParamSpec("cloud_ca_file", "str", "", "CA certificate (PEM) of an https cloud_url signed by a private CA."),
+    ParamSpec("probe_period_s", "float", 5.0, "Link probe when the estimate is unknown or about to go stale, "
+              "at most this often (background thread); 0: off.", range=(0.0, 3600.0)),
+    ParamSpec("probe_bytes", "int", 131072, "Upload size of a link probe.", range=(16384, 262144)),
     ParamSpec("diagnostics_period_s", "float", 1.0, "Period of /diagnostics.", range=(0.05, 60.0)),
 )
 # Changeable at runtime; defaults come from the router config. (name, description, range)
@@ -86,11 +100,18 @@ class RouterNodeConfig:
     link_sample_topic: str
     static_bandwidth_mbps: float
     static_rtt_s: float
+    cloud_url: str
+    cloud_token_file: str
+    cloud_ca_file: str
+    probe_period_s: float
+    probe_bytes: int
     diagnostics_period_s: float
 
     def __post_init__(self) -> None:
         if not self.camera_topics:
             raise ValueError("camera_topics must name at least one camera topic")
+        if self.cloud_url and not self.cloud_url.startswith(("http://", "https://")):
+            raise ValueError(f"cloud_url must be http(s)://host[:port], got {self.cloud_url!r}")
         for name in ("camera_keys", "camera_transports"):
             n = len(getattr(self, name))
             if n != len(self.camera_topics):
@@ -107,6 +128,24 @@ def make_config(values: Mapping[str, Any]) -> RouterNodeConfig:
         "compressed" if t.rstrip("/").endswith("/compressed") else "raw" for t in topics)
     v["config_path"] = v["config_path"] or default_config_path()
     return RouterNodeConfig(**{f.name: v[f.name] for f in fields(RouterNodeConfig)})
+
+
+def make_prober(cfg: RouterNodeConfig, link):
+    """Link probes of ``cloud_url`` feeding ``link`` (None without cloud_url or with probe_period_s 0)."""
+    if not cfg.cloud_url or cfg.probe_period_s <= 0:
+        return None
+    from edgefm_ros.cloud.probe import ProbeConfig
+    from edgefm_ros.cloud.probe import make_prober as make
+
+    token = os.environ.get("EDGEFM_CLOUD_TOKEN") or None
+    if cfg.cloud_token_file:
+        try:
+            with open(os.path.expanduser(cfg.cloud_token_file)) as f:
+                token = f.read().strip() or None
+        except OSError as e:
+            raise ValueError(f"cloud_token_file {cfg.cloud_token_file!r} cannot be read: {e}") from None
+    return make(cfg.cloud_url, token, link, ProbeConfig(period_s=cfg.probe_period_s, nbytes=cfg.probe_bytes),
+                cfg.cloud_ca_file or None)
 
 
 def default_config_path() -> str:
@@ -197,6 +236,7 @@ class RouterNode(Node):
         self._last: RouteDecision | None = None
         self._last_problem = ""
         self._pending = False  # a new instruction waits for images
+        self.prober = make_prober(self.cfg, self.router.link)  # touches the link only in _poll_probe (this thread)
 
         for topic, key, transport in zip(self.cfg.camera_topics, self.cfg.camera_keys, self.cfg.camera_transports):
             mtype = CompressedImage if transport == "compressed" else Image
@@ -208,6 +248,8 @@ class RouterNode(Node):
         if self.cfg.rate_hz > 0:
             self.create_timer(1.0 / self.cfg.rate_hz, self._decide)
         self.create_timer(self.cfg.diagnostics_period_s, self._publish_diagnostics)
+        if self.prober is not None:
+            self.create_timer(min(0.25, self.cfg.probe_period_s), self._poll_probe)
         self.get_logger().info(
             f"routing {len(self.router.cfg.candidates)} candidates from {self.cfg.config_path}; cameras "
             f"{list(self.cfg.camera_topics)}; delta_min {self.router.delta_min}, guard {self.router.guard.guard_mbps} "
@@ -263,6 +305,19 @@ class RouterNode(Node):
         except ValueError as e:
             self.get_logger().warn(f"ignoring a link sample: {e}", throttle_duration_sec=5.0)
 
+    def _poll_probe(self) -> None:
+        if self.prober is None:
+            return
+        r = self.prober.poll()  # never blocks: the probe itself runs on the prober's thread
+        if r is not None and not r.ok:
+            self.get_logger().warn(f"link probe of {self.cfg.cloud_url} failed: {r.error}", throttle_duration_sec=30.0)
+
+    def destroy_node(self):
+        if self.prober is not None:
+            self.prober.close()
+            self.prober = None
+        return super().destroy_node()
+
     # decisions --------------------------------------------------------------------------------------------
     def _fresh_images(self, now: float) -> dict:
         return {k: v for k, (v, t) in self._images.items() if now - t <= self.cfg.max_image_age_s}
@@ -314,6 +369,8 @@ class RouterNode(Node):
             "fresh_cameras": len(self._fresh_images(time.monotonic())), "malformed_images": self._bad_images,
             "failed_decisions": self._failures,
         }
+        if self.prober is not None:
+            values.update(self.prober.stats())
         level = diag.WARN if self._last_problem else diag.OK
         if self._last_problem:
             message = self._last_problem

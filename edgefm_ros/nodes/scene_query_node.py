@@ -6,11 +6,16 @@ CompressedImage, sensor-data QoS). Each question is answered from the latest fra
 (``Router.decide(images, question)``); a cloud decision asks the cloud endpoint (``edgefm-cloud serve
 --task vqa`` at ``cloud_url``, cloud/vqa_client.py) with the JPEG quality and resolution of the chosen
 candidate, and if no answer comes within ``cloud_timeout_s`` (error, refusal, open circuit breaker, no
-``cloud_url``) the edge answers instead: source ``edge-fallback``. The client's measurements feed the
-router's link estimator (``static_bandwidth_mbps`` seeds it with a known link).
+``cloud_url``, a stream that broke or stalled mid-answer) the edge answers instead: source
+``edge-fallback``. The client's measurements feed the router's link estimator; until a cloud call
+succeeded, background link probes (``probe_period_s``: an upload to the endpoint's /edgefm/probe) give
+it its first estimate, and keep it fresh while no question goes to the cloud (``static_bandwidth_mbps``
+seeds it with a known link instead).
 
-Outputs: edge answers stream on ``partial_topic`` (std_msgs/String, the text so far); every final
-answer goes to ``answer_topic``; ``info_topic`` gets one JSON object per answer (source edge | cloud |
+Outputs: answers stream on ``partial_topic`` (std_msgs/String, the text so far), from the edge and from
+the cloud (``cloud_stream``: token by token over Server-Sent Events); after a cloud stream failed
+mid-answer the edge's answer starts again from its first token there, and only a complete answer is ever
+published on ``answer_topic``; ``info_topic`` gets one JSON object per answer (source edge | cloud |
 edge-fallback, the route, its reason, why the cloud did not answer, timings); /diagnostics counts
 routes, sources and fallback reasons.
 
@@ -60,7 +65,7 @@ PARAMS = (
     ParamSpec("question_topic", "str", "edgefm/scene_question", "Input: std_msgs/String question."),
     ParamSpec("answer_topic", "str", "edgefm/scene_answer", "Output: std_msgs/String final answer."),
     ParamSpec("partial_topic", "str", "edgefm/scene_answer_partial", "Output: std_msgs/String answer so far "
-              "(edge answers)."),
+              "(edge and streamed cloud answers; after a cloud failure the edge's answer starts over)."),
     ParamSpec("info_topic", "str", "edgefm/scene_answer_info", "Output: std_msgs/String, one JSON object per "
               "answer: source, route, reason, fallback, timings."),
     ParamSpec("max_new_tokens", "int", 96, "Answer length limit in tokens.", range=(1, 4096)),
@@ -71,12 +76,18 @@ PARAMS = (
     ParamSpec("cloud_model", "str", "vqa", "Model name in the endpoint's v2 URLs."),
     ParamSpec("cloud_token_file", "str", "", f"File holding the endpoint's bearer token; empty: ${TOKEN_ENV}."),
     ParamSpec("cloud_ca_file", "str", "", "CA certificate (PEM) of an https cloud_url signed by a private CA."),
+    ParamSpec("cloud_stream", "bool", True, "Stream cloud answers token by token (partials on partial_topic); "
+              "false: the cloud's answer in one response."),
     ParamSpec("cloud_timeout_s", "float", 5.0, "A cloud answer must arrive within this (retries included); "
               "else the edge answers (edge-fallback).", range=(0.05, 600.0)),
     ParamSpec("static_bandwidth_mbps", "float", 0.0, "When > 0: a known link, fed to the router's link estimator "
               "before each decision; 0: only measured cloud calls (no cloud decision before the first).",
               range=(0.0, 100000.0)),
     ParamSpec("static_rtt_s", "float", 0.02, "RTT of the static link.", range=(0.0, 10.0)),
+    ParamSpec("probe_period_s", "float", 5.0, "Link probe (an upload to cloud_url's /edgefm/probe, in the "
+              "background) when the link estimate is unknown or about to go stale, at most this often; 0: off. "
+              "Needs router_config and cloud_url.", range=(0.0, 3600.0)),
+    ParamSpec("probe_bytes", "int", 131072, "Upload size of a link probe.", range=(16384, 262144)),
     ParamSpec("max_questions_queued", "int", 4, "Questions waiting while one is answered.", range=(1, 100)),
     ParamSpec("diagnostics_period_s", "float", 1.0, "Period of /diagnostics.", range=(0.05, 60.0)),
     ParamSpec("autostart", "bool", True, "Configure and activate at start."),
@@ -105,9 +116,12 @@ class SceneQueryConfig:
     cloud_model: str
     cloud_token_file: str
     cloud_ca_file: str
+    cloud_stream: bool
     cloud_timeout_s: float
     static_bandwidth_mbps: float
     static_rtt_s: float
+    probe_period_s: float
+    probe_bytes: int
     max_questions_queued: int
     diagnostics_period_s: float
     autostart: bool
@@ -141,15 +155,22 @@ class SceneAnswer:
 
 
 class SceneAnswerer:
-    """Question + latest frames -> answer, on the edge (streaming) or in the cloud; no ROS inside."""
+    """Question + latest frames -> answer, on the edge or in the cloud (both streamed); no ROS inside.
+    ``prober``: cloud/probe.LinkProber feeding the router's link estimate (polled from this thread)."""
 
-    def __init__(self, engine, cfg: SceneQueryConfig, router=None, cloud=None):
-        self.engine, self.cfg, self.router, self.cloud = engine, cfg, router, cloud
+    def __init__(self, engine, cfg: SceneQueryConfig, router=None, cloud=None, prober=None):
+        self.engine, self.cfg, self.router, self.cloud, self.prober = engine, cfg, router, cloud, prober
+
+    def poll_link(self) -> None:
+        """Applies a finished link probe and starts one when due (never blocks)."""
+        if self.prober is not None:
+            self.prober.poll()
 
     def route(self, frames: dict, question: str) -> tuple[str, str, str, dict]:
         """(target, candidate, reason, params) of the router's decision ("edge" when there is none)."""
         if self.router is None or not frames:
             return "edge", "", "no router" if self.router is None else "no frames", {}
+        self.poll_link()
         if self.cfg.static_bandwidth_mbps > 0:
             nbytes = 1_000_000
             self.router.link.observe(nbytes, nbytes * 8 / (self.cfg.static_bandwidth_mbps * 1e6),
@@ -157,14 +178,17 @@ class SceneAnswerer:
         d = self.router.decide(frames, question)
         return d.target, d.candidate, d.reason, dict(d.params)
 
-    def ask_cloud(self, question: str, frames: dict, params: dict):
-        """(VqaAnswer, "") from the cloud, or (None, why not)."""
+    def ask_cloud(self, question: str, frames: dict, params: dict, on_partial=None):
+        """(VqaAnswer, "") from the cloud, or (None, why not); streamed to ``on_partial`` when cloud_stream."""
         if self.cloud is None:
             return None, "no cloud_url"
+        kw = dict(encoding=Encoding.from_params(params), system=self.cfg.system_prompt or None,
+                  max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature)
+        images, timeout = list(frames.values()), self.cfg.cloud_timeout_s
         try:
-            return self.cloud.ask(question, list(frames.values()), self.cfg.cloud_timeout_s,
-                                  encoding=Encoding.from_params(params), system=self.cfg.system_prompt or None,
-                                  max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature), ""
+            if self.cfg.cloud_stream and on_partial is not None and hasattr(self.cloud, "ask_stream"):
+                return self.cloud.ask_stream(question, images, timeout, on_partial=on_partial, **kw), ""
+            return self.cloud.ask(question, images, timeout, **kw), ""
         except CloudError as e:
             return None, f"{e.reason}: {e}"
         except ValueError as e:  # the question or an image could not be encoded
@@ -186,7 +210,8 @@ class SceneAnswerer:
         return self.engine.generate(messages, s, stream, images or None)
 
     def answer(self, question: str, frames: dict, on_partial) -> SceneAnswer:
-        """The answer and where it came from; ``on_partial(text_so_far)`` after every edge token."""
+        """The answer and where it came from; ``on_partial(text_so_far)`` as it grows (edge tokens, cloud
+        stream events; after a cloud failure mid-answer the edge's text starts over)."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be non-empty text, got {question!r}")
         t0 = time.perf_counter()
@@ -194,7 +219,7 @@ class SceneAnswerer:
         fallback, cloud_s = "", 0.0
         if target == "cloud":
             t1 = time.perf_counter()
-            got, fallback = self.ask_cloud(question, frames, params)
+            got, fallback = self.ask_cloud(question, frames, params, on_partial)
             cloud_s = time.perf_counter() - t1
             if got is not None:
                 return SceneAnswer(got.text.strip(), "cloud", target, candidate, reason, "",
@@ -219,6 +244,14 @@ def load_engine(cfg: SceneQueryConfig):
     return engine
 
 
+def read_token(token_file: str) -> str | None:
+    """The bearer token: the file's content, else $EDGEFM_CLOUD_TOKEN (None: no token)."""
+    if token_file:
+        with open(os.path.expanduser(token_file)) as f:
+            return f.read().strip() or None
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def make_cloud_client(cfg: SceneQueryConfig, link=None):
     """The cloud scene-question client when ``cloud_url`` is set, else None; the bearer token comes
     from ``cloud_token_file``, else $EDGEFM_CLOUD_TOKEN."""
@@ -226,12 +259,18 @@ def make_cloud_client(cfg: SceneQueryConfig, link=None):
         return None
     from edgefm_ros.cloud.vqa_client import VqaClient, VqaClientConfig
 
-    token = os.environ.get(TOKEN_ENV) or None
-    if cfg.cloud_token_file:
-        with open(os.path.expanduser(cfg.cloud_token_file)) as f:
-            token = f.read().strip() or None
-    return VqaClient(cfg.cloud_url, token, config=VqaClientConfig(model_name=cfg.cloud_model), link=link,
-                     ca_file=cfg.cloud_ca_file or None)
+    return VqaClient(cfg.cloud_url, read_token(cfg.cloud_token_file),
+                     config=VqaClientConfig(model_name=cfg.cloud_model), link=link, ca_file=cfg.cloud_ca_file or None)
+
+
+def make_link_prober(cfg: SceneQueryConfig, link):
+    """Background link probes of ``cloud_url`` for the router's estimator, when all of them are set."""
+    if link is None or not cfg.cloud_url or cfg.probe_period_s <= 0:
+        return None
+    from edgefm_ros.cloud.probe import ProbeConfig, make_prober
+
+    return make_prober(cfg.cloud_url, read_token(cfg.cloud_token_file), link,
+                       ProbeConfig(period_s=cfg.probe_period_s, nbytes=cfg.probe_bytes), cfg.cloud_ca_file or None)
 
 
 class SceneQueryNode(LifecycleNode):
@@ -243,6 +282,7 @@ class SceneQueryNode(LifecycleNode):
         self._engine = engine  # injected (tests); else loaded at configure
         self._cloud = cloud  # injected (tests): ask(question, images, deadline_s, ...) -> VqaAnswer
         self._own_cloud = False  # made from cloud_url at configure (closed at cleanup)
+        self._prober = None  # link probes (cloud/probe.py), made at configure
         self._frames: dict[str, tuple[float, object]] = {}  # topic -> (arrival, rgb)
         self._questions: deque = deque()
         self._cv = threading.Condition()
@@ -270,13 +310,15 @@ class SceneQueryNode(LifecycleNode):
                 from edgefm_ros.routing.policy import Router
 
                 router = Router.from_yaml(c.router_config)
+            link = router.link if router is not None else None
             if self._cloud is None:
-                self._cloud = make_cloud_client(c, router.link if router is not None else None)
+                self._cloud = make_cloud_client(c, link)
                 self._own_cloud = self._cloud is not None
+            self._prober = make_link_prober(c, link)
         except (ValueError, OSError) as e:
             self.get_logger().error(f"configure failed: {e}")
             return TransitionCallbackReturn.FAILURE
-        self.answerer = SceneAnswerer(engine, c, router, self._cloud)
+        self.answerer = SceneAnswerer(engine, c, router, self._cloud, self._prober)
         self._questions = deque(maxlen=c.max_questions_queued)
         self._answer_pub = self.create_lifecycle_publisher(String, c.answer_topic, qos.RELIABLE)
         self._partial_pub = self.create_lifecycle_publisher(String, c.partial_topic, qos.LATEST)
@@ -287,6 +329,8 @@ class SceneQueryNode(LifecycleNode):
                                                        qos.SENSOR))
         self._subs.append(self.create_subscription(String, c.question_topic, self._on_question, qos.RELIABLE))
         cloud = f"cloud {c.cloud_url}" if c.cloud_url else "no cloud endpoint"
+        if self._prober is not None:
+            cloud += f" (link probe every {c.probe_period_s:g} s while the estimate is unknown or stale)"
         self.get_logger().info(f"configured: {'SmolVLM2' if engine.vlm is not None else 'text LLM'}, "
                                f"router {'on' if router is not None else 'off'}, {cloud}, "
                                f"questions on {c.question_topic}")
@@ -311,11 +355,18 @@ class SceneQueryNode(LifecycleNode):
         if self._own_cloud:
             self._cloud.close()
             self._cloud, self._own_cloud = None, False
+        self._close_prober()
         return super().on_cleanup(state)
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_worker()
+        self._close_prober()
         return super().on_shutdown(state)
+
+    def _close_prober(self) -> None:
+        if self._prober is not None:
+            self._prober.close()
+            self._prober = None
 
     def _stop_worker(self) -> None:
         with self._cv:
@@ -359,11 +410,14 @@ class SceneQueryNode(LifecycleNode):
     def _work(self) -> None:
         while True:
             with self._cv:
-                while self._running and not self._questions:
-                    self._cv.wait(timeout=0.5)
+                if self._running and not self._questions:
+                    self._cv.wait(timeout=0.25)
                 if not self._running:
                     return
-                question = self._questions.popleft()
+                question = self._questions.popleft() if self._questions else None
+            if question is None:  # idle: the link estimate is this thread's to refresh
+                self.answerer.poll_link()
+                continue
             try:
                 a = self.answerer.answer(question, self._latest_frames(),
                                          lambda t: self._publish(self._partial_pub, t))
@@ -397,6 +451,8 @@ class SceneQueryNode(LifecycleNode):
             values.update(sorted(self.counts.items()))
         if self._cloud is not None and hasattr(self._cloud, "stats"):
             values.update({f"cloud_{k}": v for k, v in self._cloud.stats().items()})
+        if self._prober is not None:
+            values.update(self._prober.stats())
         a, level, message = self.last, diag.OK, f"{self.answered} answers"
         if a is not None:
             values.update({"last_source": a.source, "last_route": f"{a.target} {a.candidate}".strip(),
@@ -412,7 +468,7 @@ class SceneQueryNode(LifecycleNode):
 
 
 def main(args=None) -> int:
-    return run_node(SceneQueryNode, NODE_NAME, args, stop=lambda node: node._stop_worker())
+    return run_node(SceneQueryNode, NODE_NAME, args, stop=lambda node: (node._stop_worker(), node._close_prober()))
 
 
 if __name__ == "__main__":

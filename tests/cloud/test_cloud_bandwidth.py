@@ -116,3 +116,27 @@ def test_bandwidth_limit_moves_estimate_and_flips_guard(netns, ns_server, local_
     assert link.bandwidth_mbps(now) > GUARD_MBPS + HYSTERESIS_MBPS
     assert guard.update(link.bandwidth_mbps(now)) is False
     assert np.isfinite(link.rtt_s(now))
+
+
+def test_link_probes_measure_the_limited_link(netns, ns_server):
+    """/edgefm/probe uploads (cloud/probe.py) over the token bucket: each measures the limit, and the
+    first one turns the unknown estimate into it, before any inference call."""
+    from edgefm_ros.cloud.probe import MAX_PROBE_BYTES, probe_link
+    from edgefm_ros.cloud.transport import HttpTransport
+    from edgefm_ros.routing.link import LinkEstimator
+
+    _, host_if, _ = netns
+    link, http = LinkEstimator(), HttpTransport(ns_server.url, TOKEN)
+    _limit(host_if, LIMIT_MBIT)
+    try:
+        samples = []
+        for _ in range(4):
+            r = probe_link(http, MAX_PROBE_BYTES, 10.0)
+            assert r.ok, r
+            link.observe(r.upload_bytes, r.upload_s, r.rtt_s, 0.0)
+            samples.append(r.mbps)
+    finally:
+        _limit(host_if, None)
+        http.close()
+    assert all(0.5 * LIMIT_MBIT <= s <= 1.5 * LIMIT_MBIT for s in samples), samples
+    assert 0.5 * LIMIT_MBIT <= link.bandwidth_mbps(0.0) <= 1.5 * LIMIT_MBIT

@@ -73,9 +73,10 @@ def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id):
         spinner.join(timeout=5)
 
 
-def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_vlm, tmp_path):
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "plain"])
+def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_vlm, tmp_path, stream):
     """A cloud decision: no client -> edge-fallback; a dead endpoint -> connection, then the breaker opens
-    and the next question is not even sent; every answer is the edge's own."""
+    and the next question is not even sent; every answer is the edge's own (cloud_stream on and off)."""
     pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
     import sys
     from pathlib import Path
@@ -92,7 +93,7 @@ def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_v
 
     engine = tiny_vlm[2]
     cfg = make_config(validate(PARAMS, {"max_new_tokens": 5, "cloud_timeout_s": 2.0, "static_bandwidth_mbps": 50.0,
-                                        "system_prompt": "Be brief."}))
+                                        "system_prompt": "Be brief.", "cloud_stream": stream}))
     router = Router.from_yaml(write_router_yaml(tmp_path / "router.yaml"))
     rng = np.random.default_rng()
     frames = {"/cam": rng.integers(0, 256, size=(40, 56, 3), dtype=np.uint8)}

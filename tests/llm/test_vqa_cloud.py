@@ -1,11 +1,14 @@
 """The cloud scene-question endpoint for real: `edgefm-cloud serve --task vqa` (MLServer + VqaRuntime +
 nginx with a bearer token) on loopback serving a random tiny SmolVLM2, against the local LlmEngine on the
-same weights; then scene_query_node routing a question to it, and falling back to the edge once the
-server is killed. One server serves the module; the last test kills it."""
+same weights: plain and streamed answers (token by token through nginx, a stalled stream abandoned at
+its deadline); then scene_query_node, whose link probe opens the router's guard, streaming a cloud answer
+and falling back to the edge when the server is killed mid-answer. One server serves the module; the
+last test kills it."""
 from __future__ import annotations
 
 import http.client
 import json
+import math
 import sys
 import threading
 import time
@@ -18,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # vqa_support (test fi
 
 from vqa_support import QUESTIONS, TOKEN, start_vqa_server, write_router_yaml  # noqa: E402
 
-from edgefm_ros.cloud import CloudDeadlineExceeded, CloudRejected, Encoding  # noqa: E402
+from edgefm_ros.cloud import (BreakerConfig, CloudDeadlineExceeded, CloudRejected, CloudUnavailable,  # noqa: E402
+                              Encoding)
 from edgefm_ros.cloud.images import decode_image, encode_image  # noqa: E402
 from edgefm_ros.cloud.protocol import request_body  # noqa: E402
 from edgefm_ros.cloud.vqa_client import VqaClient, VqaClientConfig  # noqa: E402
@@ -126,7 +130,70 @@ def test_deadline_on_a_slow_server_and_504_when_queued_past_it(server, rng):
     assert status == 504 and "deadline" in json.loads(body)["error"]
 
 
-def test_node_asks_the_cloud_then_falls_back_to_the_edge_when_it_is_killed(server, local, tmp_path, rng,
+def slow_tokens(delay_s: float, **kw) -> VqaClientConfig:
+    """A client whose requests make the server (--fault-injection) take ``delay_s`` per token."""
+    return VqaClientConfig(request_parameters=(("fault_token_delay_s", delay_s),), **kw)
+
+
+def test_streamed_answer_arrives_token_by_token_and_is_the_local_greedy_answer(server, local, rng):
+    from edgefm_ros.routing.link import LinkEstimator
+
+    delay = 0.05
+    link = LinkEstimator()
+    client = VqaClient(server.url, TOKEN, link=link, config=slow_tokens(delay))
+    try:
+        images = [rng.integers(0, 256, size=(int(rng.integers(24, 80)), int(rng.integers(24, 80)), 3),
+                               dtype=np.uint8) for _ in range(int(rng.integers(1, 3)))]
+        question, n = str(rng.choice(QUESTIONS)), int(rng.integers(6, 11))
+        partials: list[tuple[float, str]] = []
+        t0 = time.monotonic()
+        a = client.ask_stream(question, images, 30.0, on_partial=lambda t: partials.append((time.monotonic(), t)),
+                              system=SYSTEM, max_new_tokens=n)
+        t_final = time.monotonic()
+        ref = greedy(local, question, images, n)
+        assert a.tokens == tuple(ref.tokens) and a.text == ref.text and a.stop_reason == ref.stop_reason
+        texts = [t for _, t in partials]
+        assert texts and texts[-1] == a.text and all(b.startswith(x) and b != x for x, b in zip(texts, texts[1:]))
+        # the partials were not held back (by nginx or the server) until the end: they came while the
+        # answer was generated, at the pace of the tokens
+        times = [t for t, _ in partials]
+        assert times[0] < t_final - 0.5 * delay * (len(texts) - 1) and times[-1] - times[0] >= 0.5 * delay * (
+            len(texts) - 1), (times, t_final)
+        assert 0 < a.first_text_s <= times[0] - t0 + 0.01 and a.first_text_s < a.total_s
+        assert a.server["prefill_s"] <= a.server["engine_s"] and a.attempts == 1
+        assert np.isfinite(link.snapshot(time.monotonic()).rtt_s)  # the stream fed the link estimate
+        # the plain call still answers the same, in one piece
+        b = client.ask(question, images, 30.0, system=SYSTEM, max_new_tokens=n)
+        assert b.tokens == a.tokens and np.isnan(b.first_text_s)
+        assert client.stats()["cloud"] == 2
+    finally:
+        client.close()
+
+
+def test_stalled_stream_is_abandoned_at_its_deadline_and_counted_as_a_failure(server, rng):
+    from edgefm_ros.routing.link import LinkEstimator
+
+    img = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+    link = LinkEstimator()
+    client = VqaClient(server.url, TOKEN, link=link, config=slow_tokens(0.3, breaker=BreakerConfig(1, 60.0)))
+    partials = []
+    t0 = time.monotonic()
+    with pytest.raises(CloudDeadlineExceeded, match="did not finish"):
+        client.ask_stream("what is this?", [img], 1.0, on_partial=partials.append, max_new_tokens=12)
+    assert time.monotonic() - t0 < 1.0 + SLACK_S and partials  # some text came, the answer never did
+    assert client.stats()["fail_deadline"] == 1 and link.consecutive_failures == 1
+    with pytest.raises(CloudUnavailable, match="breaker"):  # a failure like any other: the breaker opened
+        client.ask_stream("what is this?", [img], 1.0, max_new_tokens=2)
+    client.close()
+    # the server stopped generating for the client that went away: the engine is free long before the
+    # ~3 s the abandoned answer still had to go
+    again = VqaClient(server.url, TOKEN)
+    a = again.ask("what is this?", [img], 10.0, max_new_tokens=2)
+    assert a.server["queue_s"] < 1.0, a.server
+    again.close()
+
+
+def test_node_streams_cloud_answers_then_falls_back_when_the_server_dies_mid_answer(server, local, tmp_path, rng,
                                                                             ros_domain_id):
     rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
     from diagnostic_msgs.msg import DiagnosticArray
@@ -140,22 +207,34 @@ def test_node_asks_the_cloud_then_falls_back_to_the_edge_when_it_is_killed(serve
     from edgefm_ros.ros import qos
     from edgefm_ros.ros.diagnostics import status_values
 
-    timeout_s, n = 4.0, 6
+    timeout_s, n, delay = 6.0, 8, 0.1
     ctx = Context()
     rclpy.init(context=ctx, domain_id=ros_domain_id)
+    # no static link: the node's link probe (/edgefm/probe on the server's nginx) gives the router its estimate
     params = [Parameter("camera_topics", value=["/vqa_cam"]), Parameter("max_new_tokens", value=n),
               Parameter("question_topic", value="/vqa_q"), Parameter("answer_topic", value="/vqa_a"),
               Parameter("partial_topic", value="/vqa_p"), Parameter("info_topic", value="/vqa_info"),
               Parameter("system_prompt", value=SYSTEM), Parameter("cloud_url", value=server.url),
               Parameter("cloud_token_file", value=str(server.token_file)),
-              Parameter("cloud_timeout_s", value=timeout_s), Parameter("static_bandwidth_mbps", value=100.0),
+              Parameter("cloud_timeout_s", value=timeout_s), Parameter("probe_period_s", value=0.5),
               Parameter("router_config", value=str(write_router_yaml(tmp_path / "router.yaml"))),
-              Parameter("diagnostics_period_s", value=0.2)]
-    node = SceneQueryNode(engine=local, context=ctx, parameter_overrides=params)
+              Parameter("diagnostics_period_s", value=0.2), Parameter("max_image_age_s", value=120.0)]
+    # the server takes `delay` per token for this client: its answers are still streaming when it is killed
+    cloud = VqaClient(server.url, TOKEN, config=slow_tokens(delay))
+    node = SceneQueryNode(engine=local, cloud=cloud, context=ctx, parameter_overrides=params)
+    cloud.link = node.answerer.router.link  # as make_cloud_client wires it
     peer = rclpy.create_node("vqa_peer", context=ctx)
     answers, partials, infos, diags = [], [], [], []
-    peer.create_subscription(String, "/vqa_a", lambda m: answers.append(m.data), qos.RELIABLE)
-    peer.create_subscription(String, "/vqa_p", lambda m: partials.append(m.data), qos.LATEST)
+    kill_on_partial = threading.Event()
+
+    def on_partial(m):
+        partials.append((time.monotonic(), m.data))
+        if kill_on_partial.is_set():
+            kill_on_partial.clear()
+            threading.Thread(target=server.kill, daemon=True).start()
+
+    peer.create_subscription(String, "/vqa_a", lambda m: answers.append((time.monotonic(), m.data)), qos.RELIABLE)
+    peer.create_subscription(String, "/vqa_p", on_partial, qos.LATEST)
     peer.create_subscription(String, "/vqa_info", lambda m: infos.append(json.loads(m.data)), qos.RELIABLE)
     peer.create_subscription(DiagnosticArray, "/diagnostics", lambda m: diags.extend(m.status), qos.DIAGNOSTICS)
     cam = peer.create_publisher(Image, "/vqa_cam", qos.SENSOR)
@@ -183,28 +262,38 @@ def test_node_asks_the_cloud_then_falls_back_to_the_edge_when_it_is_killed(serve
     img = Image(height=48, width=64, encoding="rgb8", step=64 * 3, data=rgb.tobytes())
     q1, q2 = (str(q) for q in rng.choice(QUESTIONS, size=2, replace=False))
     try:
+        assert math.isnan(node.answerer.router.link.snapshot(time.monotonic()).bandwidth_mbps)
+        wait_for(lambda: node._prober.ok >= 1, "a link probe", 10.0)
         wait_for(lambda: cam.publish(img) or node._latest_frames(), "a camera frame")
         ask.publish(String(data=q1))
         wait_for(lambda: len(infos) == 1 and answers, "the cloud answer")
         info = infos[0]
         assert (info["source"], info["target"], info["candidate"], info["reason"]) == \
-            ("cloud", "cloud", "cloud-vqa", "cloud_gain"), info
-        assert answers[0] == greedy(local, q1, [rgb], n).text.strip() and not partials  # cloud: final only
-        assert node._cloud.stats()["cloud"] == 1
+            ("cloud", "cloud", "cloud-vqa", "cloud_gain"), info  # the probe opened the bandwidth guard
+        ref1 = greedy(local, q1, [rgb], n).text
+        assert answers[0][1] == ref1.strip() and node._cloud.stats()["cloud"] == 1
+        # streamed: growing partials, published while the answer was generated, ending in the answer
+        texts = [t for _, t in partials]
+        assert len(texts) >= 2 and texts[-1] == ref1 and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+        assert partials[0][0] < answers[0][0] - delay * (len(texts) - 1) / 2, (partials, answers)
 
-        server.kill()
+        partials.clear()
+        kill_on_partial.set()  # the first partial of the next answer kills the server mid-stream
         ask.publish(String(data=q2))
         wait_for(lambda: len(infos) == 2 and len(answers) == 2, "the fallback answer")
         info = infos[1]
         assert (info["source"], info["target"]) == ("edge-fallback", "cloud") and \
-            info["fallback"].startswith("connection"), info
-        assert info["cloud_s"] < timeout_s  # gave up on the cloud within its timeout
-        assert answers[1] == greedy(local, q2, [rgb], n).text.strip() and partials[-1].strip() == answers[1]
+            info["fallback"].startswith("connection") and "stream" in info["fallback"], info
+        assert info["cloud_s"] < timeout_s  # gave up on the cloud at once, not at its timeout
+        ref2 = greedy(local, q2, [rgb], n).text
+        assert answers[1][1] == ref2.strip() and len(answers) == 2  # the edge's whole answer, never the half one
+        texts = [t for _, t in partials]
+        assert texts[-1] == ref2 and any(ref2.startswith(t) for t in texts)  # the edge's answer streamed too
 
         def fallback_reported():
             v = [status_values(s) for s in list(diags) if s.name.endswith("scene questions")]
             return v and v[-1].get("last_source") == "edge-fallback" and v[-1].get("source_cloud") == "1" \
-                and v[-1].get("fallback_connection") == "1"
+                and v[-1].get("fallback_connection") == "1" and int(v[-1].get("probe_ok", 0)) >= 1
         wait_for(fallback_reported, "diagnostics reporting the fallback", 5.0)
     finally:
         node._stop_worker()

@@ -12,7 +12,8 @@ import pytest
 
 from edgefm_ros.cloud.images import Encoding, decode_image, encode_image
 from edgefm_ros.cloud.protocol import ProtocolError, Tensor
-from edgefm_ros.cloud.vqa_protocol import (VqaLimits, decode_vqa_request, decode_vqa_response, encode_vqa_request,
+from edgefm_ros.cloud.vqa_protocol import (VqaLimits, decode_vqa_event, decode_vqa_request, decode_vqa_response,
+                                           encode_vqa_delta, encode_vqa_error, encode_vqa_final, encode_vqa_request,
                                            encode_vqa_response, vqa_messages)
 from edgefm_ros.cloud.vqa_settings import VqaRuntimeConfig
 
@@ -66,6 +67,32 @@ def test_response_round_trip(rng):
     assert all(params[k] == pytest.approx(v) for k, v in timings.items())
     with pytest.raises(ValueError, match="tokens"):
         decode_vqa_response({"outputs": [body["outputs"][0]]})
+
+
+def test_stream_events_round_trip_and_malformed_ones_are_named(rng):
+    ids = [int(i) for i in rng.integers(0, 50000, size=int(rng.integers(1, 12)))]
+    words = [str(w) for w in rng.choice(["a ", "red ", "cup", "", " on", " the table", "\u00e9\n"], size=len(ids))]
+    deltas = [decode_vqa_event(json.loads(json.dumps(encode_vqa_delta(t, w, i))))
+              for i, (t, w) in enumerate(zip(ids, words))]
+    assert [(e.kind, e.token, e.text) for e in deltas] == [("delta", t, w) for t, w in zip(ids, words)]
+    body = encode_vqa_response("".join(words), ids, "smolvlm2", "length", {}, {"server_s": float(rng.random())})
+    final = decode_vqa_event(json.loads(json.dumps(encode_vqa_final(body))))
+    assert (final.kind, final.text, final.tokens, final.params["stop_reason"]) == \
+        ("final", "".join(words), tuple(ids), "length") and "event" not in final.params
+    plain = decode_vqa_event(body)  # no "event" parameter: a response in one piece is a final event
+    assert (plain.kind, plain.text, plain.tokens) == ("final", final.text, final.tokens)
+    status = int(rng.choice([400, 499, 504]))
+    err = decode_vqa_event(json.loads(json.dumps(encode_vqa_error(status, "deadline ran out"))))
+    assert (err.kind, err.status, err.error) == ("error", status, "deadline ran out")
+    good = encode_vqa_delta(ids[0], "x", 0)
+    cases = {"kind": {**good, "parameters": {"event": "partial"}},
+             "token": {**good, "parameters": {"event": "delta", "token": -1}},
+             "delta": {**good, "outputs": []},
+             "status": encode_vqa_error(200, "fine"),
+             "answer": {"parameters": {"event": "final"}, "outputs": []}}
+    for field, body in cases.items():
+        with pytest.raises(ValueError, match=field):
+            decode_vqa_event(body)
 
 
 def _req(**kw) -> dict:
@@ -187,3 +214,21 @@ def test_runtime_in_process_text_model_matches_local_greedy(tied_llama, engine, 
     with pytest.raises(MLServerError, match="text-only") as e:
         _infer(runtime, _req())
     assert e.value.status_code == 400
+
+    # predict_stream: one delta per token, in order, then the final response; errors come in-band
+    async def stream(request):
+        async def one():
+            yield InferenceRequest.model_validate(request)
+        return [json.loads(r.model_dump_json()) for r in [r async for r in runtime.predict_stream(one())]]
+
+    from mlserver.types import InferenceRequest
+
+    events = [decode_vqa_event(b) for b in asyncio.run(stream(encode_vqa_request(
+        question, [], request_id="t2", system="short answers", max_new_tokens=n)))]
+    deltas, final = events[:-1], events[-1]
+    assert {e.kind for e in deltas} == {"delta"} and final.kind == "final"
+    assert [e.token for e in deltas][:len(local.tokens)] == local.tokens  # (+ the stop id when it ended on one)
+    assert len(deltas) == len(local.tokens) + (local.stop_reason == "eos")
+    assert "".join(e.text for e in deltas) == final.text == local.text and final.tokens == tuple(local.tokens)
+    events = [decode_vqa_event(b) for b in asyncio.run(stream(_req()))]
+    assert [(e.kind, e.status) for e in events] == [("error", 400)] and "text-only" in events[0].error

@@ -38,5 +38,10 @@ def start_vqa_server(model_dir: Path, work: Path, *extra: str) -> ServerProcess:
     srv = ServerProcess(["--task", "vqa", "--checkpoint", str(model_dir), "--port", str(port), "--token-file",
                          str(work / "token"), "--capacity", "512", *extra], work / "server.log")
     srv.url, srv.port, srv.token_file = f"http://127.0.0.1:{port}", port, work / "token"
-    srv.start().wait_ready(srv.url, timeout_s=120.0)
+    srv.start()
+    try:
+        srv.wait_ready(srv.url, timeout_s=240.0)  # imports alone can take minutes on a loaded 2-core machine
+    except BaseException:
+        srv.stop()  # never leave a server behind when the fixture fails
+        raise
     return srv
