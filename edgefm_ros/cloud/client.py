@@ -19,55 +19,27 @@ which also times the breaker's cool-down. Deadlines always run on time.monotonic
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import json
-import math
-import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from edgefm_ros.cloud.breaker import BreakerConfig, CircuitBreaker
+from edgefm_ros.cloud.breaker import BreakerConfig
+from edgefm_ros.cloud.client_base import (RETRYABLE_STATUS, SOCKET_GRACE_S, ClientBase, CloudDeadlineExceeded,
+                                          CloudError, CloudRejected, CloudUnavailable, check_client_config, ewma,
+                                          measure)
 from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.cloud.protocol import decode_response, encode_request, request_body
-from edgefm_ros.cloud.transport import Call, Exchange, HttpTransport
+from edgefm_ros.cloud.transport import Call, Exchange
 from edgefm_ros.types import ActionChunk, Observation
 
-RETRYABLE_STATUS = (500, 502, 503, 504)
-SOCKET_GRACE_S = 0.25  # socket timeouts trail the deadline by this much
-
-
-class CloudError(RuntimeError):
-    """The cloud gave no chunk; ``reason`` says why (used as a diagnostics counter key)."""
-
-    reason = "error"
-
-    def __init__(self, message: str, reason: str | None = None, status: int | None = None):
-        super().__init__(message)
-        if reason is not None:
-            self.reason = reason
-        self.status = status
-
-
-class CloudDeadlineExceeded(CloudError):
-    reason = "deadline"
-
-
-class CloudUnavailable(CloudError):
-    """Breaker open, connection failed, or the server answered 5xx."""
-
-    reason = "connection"
-
-
-class CloudRejected(CloudError):
-    """The server refused the request (4xx): a client or configuration problem, never retried."""
-
-    reason = "rejected"
+__all__ = ["RETRYABLE_STATUS", "SOCKET_GRACE_S", "CallResult", "ClientConfig", "CloudDeadlineExceeded", "CloudError",
+           "CloudPolicy", "CloudRejected", "CloudUnavailable", "PendingCall"]
 
 
 @dataclass(frozen=True)
@@ -83,14 +55,7 @@ class ClientConfig:
     #   (("fault_delay_s", 0.5),) for drills against a server started with --fault-injection
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_attempts, int) and self.max_attempts >= 1):
-            raise ValueError(f"ClientConfig.max_attempts must be an int >= 1, got {self.max_attempts!r}")
-        if not (math.isfinite(self.retry_margin_s) and self.retry_margin_s >= 0):
-            raise ValueError(f"ClientConfig.retry_margin_s must be a finite number >= 0, got {self.retry_margin_s!r}")
-        if not 0 < self.latency_alpha <= 1:
-            raise ValueError(f"ClientConfig.latency_alpha must be in (0, 1], got {self.latency_alpha!r}")
-        if self.threads < 1:
-            raise ValueError(f"ClientConfig.threads must be >= 1, got {self.threads!r}")
+        check_client_config(self)
 
 
 @dataclass(frozen=True)
@@ -105,36 +70,18 @@ class CallResult:
     server: dict  # the server's timing parameters (queue_s, prefill_s, decode_s, server_s, ...)
 
 
-def _measure(ex: Exchange, server_s: float) -> tuple[float, float]:
-    """(upload_s, rtt_s) of an exchange: the kernel RTT if known, else what the server time leaves."""
-    rtt = ex.tcp_rtt_s if ex.tcp_rtt_s is not None else max(ex.head_s - server_s - ex.send_s, 0.0)
-    upload = max(ex.head_s - server_s - rtt, ex.send_s, 1e-6)
-    return upload, rtt
+class CloudPolicy(ClientBase):
+    """Errors, retries, breaker and link bookkeeping: client_base.py; the action-chunk request here."""
 
-
-class CloudPolicy:
     def __init__(self, url: str, token: str | None = None, *, config: ClientConfig = ClientConfig(), link=None,
                  ca_file: str | None = None, joint_names: tuple[str, ...] = (),
                  clock: Callable[[], float] = time.monotonic):
-        self.cfg = config
-        self.link = link
+        super().__init__(url, token, config, link, ca_file, clock, "edgefm-cloud")
         self.joint_names = tuple(joint_names)
-        self.clock = clock
-        self.breaker = CircuitBreaker(config.breaker)
-        self._http = HttpTransport(url, token, ca_file, max_idle=config.threads)
-        self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="edgefm-cloud")
-        self._path = f"/v2/models/{config.model_name}/infer"
-        self._lock = threading.Lock()
         self._latency: dict[tuple, float] = {}  # EWMA of successful call time per encoding
-        self._counts: dict[str, int] = {}
         self.last: CallResult | None = None
 
     # ---------------------------------------------------------------- one exchange (worker thread)
-
-    def _attempt(self, body: bytes, deadline: float, call: Call) -> Exchange:
-        # the socket timeout is a backstop only: PendingCall.result() aborts the call at the deadline itself
-        return self._http.request("POST", self._path, body, timeout_s=deadline - time.monotonic() + SOCKET_GRACE_S,
-                                  call=call)
 
     def _worker(self, obs: Observation, enc: Encoding, deadline: float, call: Call, noise, seq: int,
                 dt: float, request_id: str) -> CallResult:
@@ -144,28 +91,8 @@ class CloudPolicy:
             extra["deadline_s"] = max(deadline - t0, 0.0)
         body = request_body(encode_request(obs, enc, request_id=request_id, dt=dt, seq=seq, noise=noise, extra=extra))
         encode_s = time.monotonic() - t0
-        typical = self._latency.get(self._key(enc), 0.0)
-        attempt, last_err = 0, None
-        while attempt < self.cfg.max_attempts and not call.aborted:
-            left = deadline - time.monotonic()
-            if attempt > 0 and left < typical + self.cfg.retry_margin_s:
-                break  # no time for another try
-            attempt += 1
-            try:
-                ex = self._attempt(body, deadline, call)
-            except TimeoutError:
-                raise CloudDeadlineExceeded("no answer from the cloud before the deadline") from None
-            except (OSError, http.client.HTTPException) as e:
-                last_err = CloudUnavailable(f"cloud call failed: {type(e).__name__}: {e}", "connection")
-                continue
-            if ex.status == 200:
-                return self._result(ex, obs, dt, seq, attempt, time.monotonic() - t0, encode_s)
-            msg = _error_text(ex.body)
-            if ex.status in RETRYABLE_STATUS:
-                last_err = CloudUnavailable(f"server answered {ex.status}: {msg}", "server_error", ex.status)
-                continue
-            raise CloudRejected(f"server refused the request ({ex.status}): {msg}", "rejected", ex.status)
-        raise last_err or CloudDeadlineExceeded("no time left for an attempt")
+        ex, attempts = self._post(body, deadline, call, self._latency.get(self._key(enc), 0.0), "request")
+        return self._result(ex, obs, dt, seq, attempts, time.monotonic() - t0, encode_s)
 
     def _result(self, ex: Exchange, obs: Observation, dt: float, seq: int, attempts: int, total: float,
                 encode_s: float) -> CallResult:
@@ -178,7 +105,7 @@ class CloudPolicy:
                                 decode_s=server.get("decode_s", 0.0))
         except (ValueError, TypeError) as e:
             raise CloudError(f"malformed response from the server: {e}", "bad_response") from None
-        upload_s, rtt_s = _measure(ex, server.get("server_s", 0.0))
+        upload_s, rtt_s = measure(ex, server.get("server_s", 0.0))
         return CallResult(chunk, ex.sent_bytes, upload_s, rtt_s, total, encode_s, attempts, server)
 
     @staticmethod
@@ -187,33 +114,11 @@ class CloudPolicy:
 
     # ---------------------------------------------------------------- bookkeeping (caller thread)
 
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self._counts[key] = self._counts.get(key, 0) + 1
-
     def _succeeded(self, r: CallResult, enc: Encoding) -> None:
-        self.breaker.record_success()
         key = self._key(enc)
         with self._lock:
-            old = self._latency.get(key)
-            a = self.cfg.latency_alpha
-            self._latency[key] = r.total_s if old is None else (1 - a) * old + a * r.total_s
-        self.last = r
-        self._count("cloud")
-        if self.link is not None:
-            self.link.observe(int(r.upload_bytes), float(r.upload_s), float(r.rtt_s), self.clock())
-
-    def _failed(self, err: CloudError) -> None:
-        self._count(f"fail_{err.reason}")
-        if isinstance(err, CloudRejected):  # the server is up and answering: not a link or server failure
-            self.breaker.record_success()
-            return
-        if err.reason in ("breaker_open", "no_budget"):  # nothing was sent
-            return
-        now = self.clock()
-        self.breaker.record_failure(now)
-        if self.link is not None and err.reason != "client_error":
-            self.link.observe_failure(now)
+            self._latency[key] = ewma(self._latency.get(key), r.total_s, self.cfg.latency_alpha)
+        self._record_success(r)
 
     # ---------------------------------------------------------------- public API
 
@@ -224,14 +129,8 @@ class CloudPolicy:
 
         Call ``result()`` on every PendingCall: it does the bookkeeping (breaker, link, counters) in the
         caller's thread, so the link estimator is only ever touched from there."""
-        if not (isinstance(deadline_s, (int, float)) and math.isfinite(deadline_s)):
-            raise ValueError(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
-        deadline = time.monotonic() + deadline_s
-        if deadline_s <= 0:
-            err = CloudDeadlineExceeded(f"no budget left ({deadline_s:.3f} s): not sent", "no_budget")
-            return PendingCall.failed(self, err, deadline, encoding)
-        if not self.breaker.allow(self.clock()):
-            err = CloudUnavailable("circuit breaker open", "breaker_open")
+        deadline, err = self._admit(deadline_s)
+        if err is not None:
             return PendingCall.failed(self, err, deadline, encoding)
         call = Call()
         fut = self._pool.submit(self._worker, obs, encoding, deadline, call, noise, seq, dt,
@@ -265,30 +164,10 @@ class CloudPolicy:
             self._count("edge-fallback")
             return dataclasses.replace(chunk, source="edge-fallback")
 
-    def healthy(self, timeout_s: float = 1.0) -> bool:
-        """The server answers ready (the model is loaded and warmed up)."""
-        try:
-            ex = self._http.request("GET", f"/v2/models/{self.cfg.model_name}/ready", None, timeout_s)
-        except (OSError, http.client.HTTPException):
-            return False
-        return ex.status == 200
-
     def expected_latency_s(self, encoding: Encoding) -> float | None:
         """EWMA of successful call times with this encoding (None before the first)."""
         with self._lock:
             return self._latency.get(self._key(encoding))
-
-    def stats(self) -> dict:
-        """Counters: sent, cloud, edge-fallback, fail_<reason>, fallback_<reason>; breaker state."""
-        with self._lock:
-            out = dict(self._counts)
-        out["breaker"] = self.breaker.state(self.clock())
-        out["breaker_opened"] = self.breaker.opened
-        return out
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._http.close()
 
 
 class PendingCall:
@@ -330,10 +209,3 @@ class PendingCall:
             self._settled = True
             self._policy._failed(err)
         raise err
-
-
-def _error_text(body: bytes) -> str:
-    try:
-        return str(json.loads(body).get("error", body[:200]))
-    except (ValueError, AttributeError):
-        return body[:200].decode("utf-8", "replace")

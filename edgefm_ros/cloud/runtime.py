@@ -8,22 +8,19 @@ Concurrency: requests are decoded (base64, JPEG) on a small thread pool, then ru
 single engine thread (the runtime is one-request-at-a-time, end to end); ``queue_s`` is the wait for
 that thread. More throughput per host: MLServer's ``parallel_workers`` (one engine per worker process)
 or more replicas behind KServe. A request whose client budget (``deadline_s``) ran out while it waited
-is answered 504 without running the model.
+is answered 504 without running the model. The skeleton (load, pools, errors) is mlserver_base.py's.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mlserver import MLModel
 from mlserver.errors import MLServerError
-from mlserver.types import InferenceRequest, InferenceResponse, Parameters, ResponseOutput
+from mlserver.types import InferenceRequest, InferenceResponse
 
-from edgefm_ros.cloud.protocol import (DecodedRequest, ProtocolError, RequestLimits, Tensor, decode_request,
-                                       encode_response)
+from edgefm_ros.cloud.mlserver_base import EngineRuntime, fault_delay, queue_deadline_error, request_parameters
+from edgefm_ros.cloud.protocol import DecodedRequest, RequestLimits, decode_request, encode_response
 from edgefm_ros.cloud.serving import RuntimeConfig
 
 log = logging.getLogger("edgefm_ros.cloud.runtime")
@@ -47,51 +44,22 @@ def limits_for(spec, cfg: RuntimeConfig) -> RequestLimits:
                          max_side=cfg.max_side, max_image_bytes=cfg.max_image_bytes)
 
 
-def _tensors(payload: InferenceRequest) -> list[Tensor]:
-    out = []
-    for i in payload.inputs:
-        params = i.parameters.model_dump(exclude_none=True) if i.parameters is not None else {}
-        datatype = getattr(i.datatype, "value", i.datatype)  # an enum or its value, by pydantic config
-        out.append(Tensor(i.name, str(datatype), list(i.shape), params, i.data.root))
-    return out
+class EdgeFMRuntime(EngineRuntime):
+    config_type = RuntimeConfig
+    engine_thread_name, decode_thread_name = "edgefm-engine", "edgefm-decode"
+    _build = staticmethod(build_engine)
 
-
-def _fault_delay(value) -> float:
-    try:
-        delay = float(value or 0.0)
-    except (TypeError, ValueError):
-        delay = -1.0
-    if not 0.0 <= delay <= 60.0:
-        raise MLServerError(f"parameter fault_delay_s must be a number of seconds in [0, 60], got {value!r}", 400)
-    return delay
-
-
-class EdgeFMRuntime(MLModel):
-    async def load(self) -> bool:
-        extra = self.settings.parameters.extra if self.settings.parameters else {}
-        self._cfg = RuntimeConfig.from_extra(extra)
-        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="edgefm-engine")
-        self._decoders = ThreadPoolExecutor(self._cfg.decode_threads, thread_name_prefix="edgefm-decode")
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        self._engine = await loop.run_in_executor(self._engine_thread, build_engine, self._cfg)
+    def _loaded(self, load_s: float) -> None:
         self._limits = limits_for(self._engine.spec, self._cfg)
         self._runs = 0  # chunks computed (only the engine thread writes it)
         log.info("edgefm engine %s (%s) loaded and warmed up in %.2f s", self._engine.spec.name, self._cfg.mode,
-                 time.perf_counter() - t0)
-        return True
-
-    async def unload(self) -> bool:
-        self._engine_thread.shutdown(wait=False, cancel_futures=True)
-        self._decoders.shutdown(wait=False, cancel_futures=True)
-        return True
+                 load_s)
 
     def _run(self, req: DecodedRequest, received: float, fault_delay_s: float) -> tuple[Any, dict]:
         started = time.perf_counter()
         queue_s = started - received
         if req.deadline_s is not None and queue_s > req.deadline_s:
-            raise MLServerError(f"request {req.request_id!r} waited {queue_s:.3f} s in the queue, past its "
-                                f"deadline of {req.deadline_s:.3f} s; not run", 504)
+            raise queue_deadline_error(req.request_id, queue_s, req.deadline_s)
         if fault_delay_s > 0:
             time.sleep(fault_delay_s)
         t0 = time.perf_counter()
@@ -105,32 +73,16 @@ class EdgeFMRuntime(MLModel):
         return chunk, {"queue_s": queue_s, "engine_s": engine_s, "prefill_s": t.prefill_s, "decode_s": t.decode_s,
                        "runs": self._runs}
 
-    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
-        try:
-            return await self._predict(payload)
-        except MLServerError:
-            raise
-        except Exception as e:  # answer 500 with the reason instead of dropping the connection
-            log.exception("request %r failed", payload.id)
-            raise MLServerError(f"internal error: {type(e).__name__}: {e}", 500) from None
-
     async def _predict(self, payload: InferenceRequest) -> InferenceResponse:
         received = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        params = payload.parameters.model_dump(exclude_none=True) if payload.parameters is not None else {}
-        fault_delay_s = _fault_delay(params.pop("fault_delay_s", 0.0)) if self._cfg.fault_injection else 0.0
-        try:
-            req = await loop.run_in_executor(self._decoders, decode_request, payload.id or "", params,
-                                             _tensors(payload), self._limits)
-        except ProtocolError as e:
-            raise MLServerError(str(e), e.status) from None
+        params = request_parameters(payload)
+        fault_delay_s = fault_delay(params.pop("fault_delay_s", 0.0)) if self._cfg.fault_injection else 0.0
+        req = await self._decode_on_pool(decode_request, payload, params)
         decoded = time.perf_counter()
-        chunk, timings = await loop.run_in_executor(self._engine_thread, self._run, req, decoded, fault_delay_s)
+        chunk, timings = await self._on_engine(self._run, req, decoded, fault_delay_s)
         timings["decode_input_s"] = decoded - received
         timings["server_s"] = time.perf_counter() - received
         runs = timings.pop("runs")
         body = encode_response(chunk.actions, self._engine.spec.name, req.seq, timings)
         body["parameters"]["runs"] = runs
-        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
-                                 parameters=Parameters(**body["parameters"]),
-                                 outputs=[ResponseOutput(**o) for o in body["outputs"]])
+        return self._response(payload, body)

@@ -22,6 +22,16 @@ TASKS = ("vla", "vqa")  # vla: Engine (action chunks); vqa: LlmEngine (scene que
 CONFIG_FILES = ("settings.json", "model-settings.json", "nginx.conf.in")
 
 
+def config_from_extra(cls, extra: Mapping[str, Any] | None):
+    """A runtime config dataclass from model-settings ``parameters.extra``; ValueError naming unknown keys."""
+    extra = dict(extra or {})
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise ValueError(f"model-settings parameters.extra has unknown keys {unknown}; known: {sorted(known)}")
+    return cls(**extra)
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """The runtime's part of model-settings.json (``parameters.extra``), read by runtime.EdgeFMRuntime."""
@@ -51,12 +61,7 @@ class RuntimeConfig:
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "RuntimeConfig":
-        extra = dict(extra or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - known)
-        if unknown:
-            raise ValueError(f"model-settings parameters.extra has unknown keys {unknown}; known: {sorted(known)}")
-        return cls(**extra)
+        return config_from_extra(cls, extra)
 
 
 @dataclass(frozen=True)

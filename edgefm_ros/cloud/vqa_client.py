@@ -16,8 +16,9 @@ whatever was already handed out: the partial text is never an answer.
 
     answer = vqa.ask_stream("what is on the table?", [rgb], 5.0, on_partial=show_text_so_far)
 
-The errors are client.py's: CloudDeadlineExceeded, CloudUnavailable (breaker open, connection failed,
-5xx, a stream broken mid-answer), CloudRejected (4xx: never retried, does not trip the breaker).
+The errors, retries and bookkeeping are client_base.py's (shared with client.py): CloudDeadlineExceeded,
+CloudUnavailable (breaker open, connection failed, 5xx, a stream broken mid-answer), CloudRejected
+(4xx: never retried, does not trip the breaker).
 ``link``: ``observe(upload_bytes, upload_s, rtt_s, now)`` / ``observe_failure(now)``
 (routing.link.LinkEstimator), called from the caller's thread. Use one VqaClient from one thread.
 """
@@ -28,22 +29,21 @@ import http.client
 import json
 import math
 import queue
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from edgefm_ros.cloud.breaker import BreakerConfig, CircuitBreaker
-from edgefm_ros.cloud.client import (RETRYABLE_STATUS, SOCKET_GRACE_S, CloudDeadlineExceeded, CloudError,
-                                     CloudRejected, CloudUnavailable, _error_text, _measure)
+from edgefm_ros.cloud.breaker import BreakerConfig
+from edgefm_ros.cloud.client_base import (SOCKET_GRACE_S, ClientBase, CloudDeadlineExceeded, CloudError,
+                                          CloudRejected, CloudUnavailable, check_client_config, error_text, ewma,
+                                          measure)
 from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.cloud.protocol import request_body
-from edgefm_ros.cloud.transport import Call, Exchange, HttpTransport
+from edgefm_ros.cloud.transport import Call
 from edgefm_ros.cloud.vqa_protocol import decode_vqa_event, decode_vqa_response, encode_vqa_request
 
 
@@ -59,15 +59,7 @@ class VqaClientConfig:
     request_parameters: tuple[tuple[str, object], ...] = ()  # extra v2 request parameters (drills)
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_attempts, int) and self.max_attempts >= 1):
-            raise ValueError(f"VqaClientConfig.max_attempts must be an int >= 1, got {self.max_attempts!r}")
-        if not (math.isfinite(self.retry_margin_s) and self.retry_margin_s >= 0):
-            raise ValueError(f"VqaClientConfig.retry_margin_s must be a finite number >= 0, got "
-                             f"{self.retry_margin_s!r}")
-        if not 0 < self.latency_alpha <= 1:
-            raise ValueError(f"VqaClientConfig.latency_alpha must be in (0, 1], got {self.latency_alpha!r}")
-        if self.threads < 1:
-            raise ValueError(f"VqaClientConfig.threads must be >= 1, got {self.threads!r}")
+        check_client_config(self)
 
 
 @dataclass(frozen=True)
@@ -86,45 +78,15 @@ class VqaAnswer:
     first_text_s: float = math.nan  # streamed: ask -> the first partial text in the caller's hands
 
 
-class VqaClient:
+class VqaClient(ClientBase):
     def __init__(self, url: str, token: str | None = None, *, config: VqaClientConfig = VqaClientConfig(),
                  link=None, ca_file: str | None = None, clock: Callable[[], float] = time.monotonic):
-        self.cfg, self.link, self.clock = config, link, clock
-        self.breaker = CircuitBreaker(config.breaker)
-        self._http = HttpTransport(url, token, ca_file, max_idle=config.threads)
-        self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="edgefm-vqa-cloud")
-        self._path = f"/v2/models/{config.model_name}/infer"
+        super().__init__(url, token, config, link, ca_file, clock, "edgefm-vqa-cloud")
         self._stream_path = f"/v2/models/{config.model_name}/infer_stream"
-        self._lock = threading.Lock()
         self._typical: float | None = None  # EWMA of successful call times
-        self._counts: dict[str, int] = {}
         self.last: VqaAnswer | None = None
 
     # ---------------------------------------------------------------- one call (worker thread)
-
-    def _exchange(self, body: bytes, deadline: float, call: Call) -> tuple[Exchange, int]:
-        """POST with retries while the deadline allows; -> (the 200 exchange, attempts) or CloudError."""
-        typical = self._typical or 0.0
-        attempt, last_err = 0, None
-        while attempt < self.cfg.max_attempts and not call.aborted:
-            if attempt > 0 and deadline - time.monotonic() < typical + self.cfg.retry_margin_s:
-                break  # no time for another try
-            attempt += 1
-            try:
-                ex = self._http.request("POST", self._path, body, deadline - time.monotonic() + SOCKET_GRACE_S, call)
-            except TimeoutError:
-                raise CloudDeadlineExceeded("no answer from the cloud before the deadline") from None
-            except (OSError, http.client.HTTPException) as e:
-                last_err = CloudUnavailable(f"cloud call failed: {type(e).__name__}: {e}", "connection")
-                continue
-            if ex.status == 200:
-                return ex, attempt
-            msg = _error_text(ex.body)
-            if ex.status in RETRYABLE_STATUS:
-                last_err = CloudUnavailable(f"server answered {ex.status}: {msg}", "server_error", ex.status)
-                continue
-            raise CloudRejected(f"server refused the question ({ex.status}): {msg}", "rejected", ex.status)
-        raise last_err or CloudDeadlineExceeded("no time left for an attempt")
 
     def _worker(self, request: dict, deadline: float, call: Call) -> VqaAnswer:
         t0 = time.monotonic()
@@ -132,44 +94,21 @@ class VqaClient:
             request["parameters"]["deadline_s"] = max(deadline - t0, 0.0)
         body = request_body(request)
         encode_s = time.monotonic() - t0
-        ex, attempts = self._exchange(body, deadline, call)
+        ex, attempts = self._post(body, deadline, call, self._typical or 0.0, "question")
         try:
             text, tokens, params = decode_vqa_response(json.loads(ex.body))
         except (ValueError, TypeError, AttributeError) as e:
             raise CloudError(f"malformed response from the server: {e}", "bad_response") from None
         server = {k: float(v) for k, v in params.items() if k.endswith("_s") and isinstance(v, (int, float))}
-        upload_s, rtt_s = _measure(ex, server.get("server_s", 0.0))
+        upload_s, rtt_s = measure(ex, server.get("server_s", 0.0))
         return VqaAnswer(text, tokens, str(params.get("model", "")), str(params.get("stop_reason", "")),
                          time.monotonic() - t0, encode_s, ex.sent_bytes, upload_s, rtt_s, attempts, server)
 
     def _open_stream(self, body: bytes, deadline: float, call: Call):
         """POST to infer_stream with retries (before any answer text) -> (the 200 stream, attempts)."""
-        typical = self._typical or 0.0
-        attempt, last_err = 0, None
-        while attempt < self.cfg.max_attempts and not call.aborted:
-            if attempt > 0 and deadline - time.monotonic() < typical + self.cfg.retry_margin_s:
-                break
-            attempt += 1
-            try:
-                st = self._http.stream("POST", self._stream_path, body, deadline - time.monotonic() + SOCKET_GRACE_S,
-                                       call)
-            except TimeoutError:
-                raise CloudDeadlineExceeded("no answer from the cloud before the deadline") from None
-            except (OSError, http.client.HTTPException) as e:
-                last_err = CloudUnavailable(f"cloud call failed: {type(e).__name__}: {e}", "connection")
-                continue
-            if st.status == 200:
-                return st, attempt
-            try:
-                msg = _error_text(st.read())
-            except (OSError, http.client.HTTPException):
-                msg = "(no body)"
-            st.close()
-            if st.status in RETRYABLE_STATUS:
-                last_err = CloudUnavailable(f"server answered {st.status}: {msg}", "server_error", st.status)
-                continue
-            raise CloudRejected(f"server refused the question ({st.status}): {msg}", "rejected", st.status)
-        raise last_err or CloudDeadlineExceeded("no time left for an attempt")
+        return self._retrying(lambda: self._http.stream("POST", self._stream_path, body,
+                                                        deadline - time.monotonic() + SOCKET_GRACE_S, call),
+                              deadline, call, self._typical or 0.0, "question", _refusal_text)
 
     def _stream_worker(self, request: dict, deadline: float, call: Call, out: queue.Queue) -> None:
         """Reads the answer stream: puts ("delta", text) per token, then ("final", VqaAnswer) or ("error", e)."""
@@ -213,7 +152,7 @@ class VqaClient:
                     out.put(("delta", ev.text[len(so_far):]))
                 server = {k: float(v) for k, v in ev.params.items()
                           if k.endswith("_s") and isinstance(v, (int, float))}
-                upload_s, rtt_s = _measure(st, 0.0)  # the head came before generation: no server time in it
+                upload_s, rtt_s = measure(st, 0.0)  # the head came before generation: no server time in it
                 _drain(st)
                 return VqaAnswer(ev.text, ev.tokens, str(ev.params.get("model", "")),
                                  str(ev.params.get("stop_reason", "")), time.monotonic() - t0, encode_s,
@@ -229,43 +168,19 @@ class VqaClient:
 
     # ---------------------------------------------------------------- bookkeeping (caller thread)
 
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self._counts[key] = self._counts.get(key, 0) + 1
-
     def _succeeded(self, a: VqaAnswer) -> VqaAnswer:
-        self.breaker.record_success()
-        alpha = self.cfg.latency_alpha
-        self._typical = a.total_s if self._typical is None else (1 - alpha) * self._typical + alpha * a.total_s
-        self.last = a
-        self._count("cloud")
-        if self.link is not None:
-            self.link.observe(int(a.upload_bytes), float(a.upload_s), float(a.rtt_s), self.clock())
+        self._typical = ewma(self._typical, a.total_s, self.cfg.latency_alpha)
+        self._record_success(a)
         return a
-
-    def _failed(self, err: CloudError) -> CloudError:
-        self._count(f"fail_{err.reason}")
-        if isinstance(err, CloudRejected):  # the server is up and answering: not a link or server failure
-            self.breaker.record_success()
-        elif err.reason not in ("breaker_open", "no_budget"):  # something was sent
-            now = self.clock()
-            self.breaker.record_failure(now)
-            if self.link is not None and err.reason != "client_error":
-                self.link.observe_failure(now)
-        return err
 
     # ---------------------------------------------------------------- public API
 
     def _prepare(self, question: str, images: Sequence[np.ndarray], deadline_s: float, encoding: Encoding,
                  request_id: str | None, **sampling) -> tuple[float, dict]:
         """(deadline, request dict), or CloudError (no budget, breaker open) / ValueError (bad input)."""
-        if not (isinstance(deadline_s, (int, float)) and math.isfinite(deadline_s)):
-            raise ValueError(f"deadline_s must be a finite number of seconds, got {deadline_s!r}")
-        deadline = time.monotonic() + deadline_s
-        if deadline_s <= 0:
-            raise self._failed(CloudDeadlineExceeded(f"no budget left ({deadline_s:.3f} s): not sent", "no_budget"))
-        if not self.breaker.allow(self.clock()):
-            raise self._failed(CloudUnavailable("circuit breaker open", "breaker_open"))
+        deadline, err = self._admit(deadline_s)
+        if err is not None:
+            raise self._failed(err)
         try:  # encoding errors (bad image, bad sampling value) are the caller's: raised as ValueError
             request = encode_vqa_request(question, list(images), encoding, request_id=request_id or uuid.uuid4().hex,
                                          extra=dict(self.cfg.request_parameters), **sampling)
@@ -354,25 +269,15 @@ class VqaClient:
         finally:
             it.close()  # on_partial raised: abandon the call now
 
-    def healthy(self, timeout_s: float = 1.0) -> bool:
-        """The server answers ready for this model (loaded and warmed up)."""
-        try:
-            ex = self._http.request("GET", f"/v2/models/{self.cfg.model_name}/ready", None, timeout_s)
-        except (OSError, http.client.HTTPException):
-            return False
-        return ex.status == 200
 
-    def stats(self) -> dict:
-        """Counters: sent, cloud, fail_<reason>, abandoned; breaker state and times opened."""
-        with self._lock:
-            out = dict(self._counts)
-        out["breaker"] = self.breaker.state(self.clock())
-        out["breaker_opened"] = self.breaker.opened
-        return out
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._http.close()
+def _refusal_text(st) -> str:
+    """The error text of a stream the server refused (its body read, the stream closed)."""
+    try:
+        msg = error_text(st.read())
+    except (OSError, http.client.HTTPException):
+        msg = "(no body)"
+    st.close()
+    return msg
 
 
 def _drain(st) -> None:

@@ -5,10 +5,11 @@ model-settings.json names ``edgefm_ros.cloud.vqa_runtime.VqaRuntime`` as ``imple
 ``parameters.extra`` (VqaRuntimeConfig's fields). ``load`` builds the LlmEngine and runs a short warm-up
 generation, so MLServer reports the model ready only when a question can be answered at full speed.
 
-Concurrency as in runtime.py: payloads are decoded on a small thread pool, generation runs one request
-at a time on a single engine thread (``queue_s`` is the wait for it). A request whose client budget
-(``deadline_s``) ran out while it was queued is answered 504 without running; one whose budget runs out
-while its answer is generated is stopped at the next token and answered 504 too (nobody waits for it).
+Concurrency as in runtime.py (the shared skeleton is mlserver_base.py): payloads are decoded on a small
+thread pool, generation runs one request at a time on a single engine thread (``queue_s`` is the wait
+for it). A request whose client budget (``deadline_s``) ran out while it was queued is answered 504
+without running; one whose budget runs out while its answer is generated is stopped at the next token
+and answered 504 too (nobody waits for it).
 
 Streaming (``predict_stream``, REST ``/v2/models/<name>/infer_stream``, Server-Sent Events): the same
 request; one "delta" event per generated token as the engine produces it, then one "final" event (the
@@ -23,18 +24,15 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
 import numpy as np
-from mlserver import MLModel
 from mlserver.errors import MLServerError
-from mlserver.types import InferenceRequest, InferenceResponse, Parameters, ResponseOutput
+from mlserver.types import InferenceRequest, InferenceResponse
 
-from edgefm_ros.cloud.runtime import _fault_delay, _tensors
-from edgefm_ros.cloud.vqa_protocol import (ProtocolError, VqaLimits, VqaRequest, decode_vqa_request,
-                                           encode_vqa_delta, encode_vqa_error, encode_vqa_final,
-                                           encode_vqa_response, vqa_messages)
+from edgefm_ros.cloud.mlserver_base import EngineRuntime, fault_delay, queue_deadline_error, request_parameters
+from edgefm_ros.cloud.vqa_protocol import (VqaLimits, VqaRequest, decode_vqa_request, encode_vqa_delta,
+                                           encode_vqa_error, encode_vqa_final, encode_vqa_response, vqa_messages)
 from edgefm_ros.cloud.vqa_settings import VqaRuntimeConfig
 
 log = logging.getLogger("edgefm_ros.cloud.vqa_runtime")
@@ -76,25 +74,16 @@ def limits_for(engine, cfg: VqaRuntimeConfig) -> VqaLimits:
                      max_new_tokens=cfg.max_new_tokens)
 
 
-class VqaRuntime(MLModel):
-    async def load(self) -> bool:
-        extra = self.settings.parameters.extra if self.settings.parameters else {}
-        self._cfg = VqaRuntimeConfig.from_extra(extra)
-        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="edgefm-vqa")
-        self._decoders = ThreadPoolExecutor(self._cfg.decode_threads, thread_name_prefix="edgefm-vqa-decode")
-        t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        self._engine = await loop.run_in_executor(self._engine_thread, build_llm_engine, self._cfg)
+class VqaRuntime(EngineRuntime):
+    config_type = VqaRuntimeConfig
+    engine_thread_name, decode_thread_name = "edgefm-vqa", "edgefm-vqa-decode"
+    _build = staticmethod(build_llm_engine)
+
+    def _loaded(self, load_s: float) -> None:
         self._limits = limits_for(self._engine, self._cfg)
         self._model = "smolvlm2" if self._engine.vlm is not None else "smollm2"
         log.info("edgefm VQA engine %s (%s, %d KV positions) loaded and warmed up in %.2f s", self._model,
-                 self._cfg.mode, self._cfg.capacity, time.perf_counter() - t0)
-        return True
-
-    async def unload(self) -> bool:
-        self._engine_thread.shutdown(wait=False, cancel_futures=True)
-        self._decoders.shutdown(wait=False, cancel_futures=True)
-        return True
+                 self._cfg.mode, self._cfg.capacity, load_s)
 
     def _run(self, req: VqaRequest, received: float, decoded: float, faults: tuple[float, float],
              on_delta=None, cancel: threading.Event | None = None):
@@ -107,8 +96,7 @@ class VqaRuntime(MLModel):
         queue_s = started - decoded
         end = None if req.deadline_s is None else received + req.deadline_s
         if end is not None and started > end:
-            raise MLServerError(f"request {req.request_id!r} waited {queue_s:.3f} s in the queue, past its "
-                                f"deadline of {req.deadline_s:.3f} s; not run", 504)
+            raise queue_deadline_error(req.request_id, queue_s, req.deadline_s)
         if faults[0] > 0:
             cancel.wait(faults[0])
         try:
@@ -149,44 +137,23 @@ class VqaRuntime(MLModel):
 
     async def _decode(self, payload: InferenceRequest) -> tuple[VqaRequest, tuple[float, float]]:
         """The checked request and its fault delays; MLServerError (4xx) naming the bad field."""
-        params = payload.parameters.model_dump(exclude_none=True) if payload.parameters is not None else {}
+        params = request_parameters(payload)
         faults = (0.0, 0.0)
         if self._cfg.fault_injection:
-            faults = (_fault_delay(params.pop("fault_delay_s", 0.0)),
+            faults = (fault_delay(params.pop("fault_delay_s", 0.0)),
                       _token_delay(params.pop("fault_token_delay_s", 0.0)))
-        try:
-            req = await asyncio.get_running_loop().run_in_executor(self._decoders, decode_vqa_request,
-                                                                   payload.id or "", params, _tensors(payload),
-                                                                   self._limits)
-        except ProtocolError as e:
-            raise MLServerError(str(e), e.status) from None
-        return req, faults
-
-    def _response(self, payload: InferenceRequest, body: dict) -> InferenceResponse:
-        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
-                                 parameters=Parameters(**body["parameters"]),
-                                 outputs=[ResponseOutput(**o) for o in body["outputs"]])
+        return await self._decode_on_pool(decode_vqa_request, payload, params), faults
 
     def _answer(self, out, counts: dict, timings: dict, received: float, decoded: float) -> dict:
         timings["decode_input_s"] = decoded - received
         timings["server_s"] = time.perf_counter() - received
         return encode_vqa_response(out.text, out.tokens, self._model, out.stop_reason, counts, timings)
 
-    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
-        try:
-            return await self._predict(payload)
-        except MLServerError:
-            raise
-        except Exception as e:  # answer 500 with the reason instead of dropping the connection
-            log.exception("request %r failed", payload.id)
-            raise MLServerError(f"internal error: {type(e).__name__}: {e}", 500) from None
-
     async def _predict(self, payload: InferenceRequest) -> InferenceResponse:
         received = time.perf_counter()
         req, faults = await self._decode(payload)
         decoded = time.perf_counter()
-        out, counts, timings = await asyncio.get_running_loop().run_in_executor(
-            self._engine_thread, self._run, req, received, decoded, faults)
+        out, counts, timings = await self._on_engine(self._run, req, received, decoded, faults)
         return self._response(payload, self._answer(out, counts, timings, received, decoded))
 
     async def predict_stream(self, payloads: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:

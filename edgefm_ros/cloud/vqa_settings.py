@@ -2,9 +2,11 @@
 as ``edgefm-cloud serve --task vqa`` writes it (no MLServer, no torch here)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from edgefm_ros.cloud.serving import config_from_extra
 
 VQA_IMPLEMENTATION = "edgefm_ros.cloud.vqa_runtime.VqaRuntime"
 
@@ -45,12 +47,7 @@ class VqaRuntimeConfig:
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "VqaRuntimeConfig":
-        extra = dict(extra or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - known)
-        if unknown:
-            raise ValueError(f"model-settings parameters.extra has unknown keys {unknown}; known: {sorted(known)}")
-        return cls(**extra)
+        return config_from_extra(cls, extra)
 
 
 def vqa_model_settings(cfg) -> dict:

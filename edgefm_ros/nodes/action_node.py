@@ -226,12 +226,7 @@ class ActionNode(LifecycleNode):
                 values["last_rejection"] = self._bad_chunks[-1]
         else:
             level, message = diag.WARN, "unconfigured"
-        status = diag.make_status(f"{self.get_name()}: control", self.get_fully_qualified_name(), level,
-                                  message, values)
-        try:
-            self._diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
-        except Exception:  # context gone during shutdown
-            pass
+        diag.publish_status(self, self._diag_pub, "control", level, message, values)
 
 
 def main(args=None) -> int:

@@ -30,7 +30,7 @@ import os
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import asdict, dataclass, fields
 
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
@@ -45,6 +45,7 @@ from edgefm_ros.ros import qos
 from edgefm_ros.ros.images import decode_compressed, image_to_rgb
 from edgefm_ros.ros.params import ParamSpec, declare
 from edgefm_ros.ros.spin import run_node
+from edgefm_ros.ros.worker import RequestQueue, Worker
 
 NODE_NAME = "scene_query_node"
 TOKEN_ENV = "EDGEFM_CLOUD_TOKEN"
@@ -284,10 +285,8 @@ class SceneQueryNode(LifecycleNode):
         self._own_cloud = False  # made from cloud_url at configure (closed at cleanup)
         self._prober = None  # link probes (cloud/probe.py), made at configure
         self._frames: dict[str, tuple[float, object]] = {}  # topic -> (arrival, rgb)
-        self._questions: deque = deque()
-        self._cv = threading.Condition()
-        self._worker: threading.Thread | None = None
-        self._running = False
+        self._questions: RequestQueue[str] = RequestQueue(1)  # made at configure; kept across activations
+        self._worker: Worker | None = None
         self._subs: list = []
         self.bad_messages = 0
         self.answered = 0
@@ -319,7 +318,7 @@ class SceneQueryNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {e}")
             return TransitionCallbackReturn.FAILURE
         self.answerer = SceneAnswerer(engine, c, router, self._cloud, self._prober)
-        self._questions = deque(maxlen=c.max_questions_queued)
+        self._questions = RequestQueue(c.max_questions_queued)
         self._answer_pub = self.create_lifecycle_publisher(String, c.answer_topic, qos.RELIABLE)
         self._partial_pub = self.create_lifecycle_publisher(String, c.partial_topic, qos.LATEST)
         self._info_pub = self.create_lifecycle_publisher(String, c.info_topic, qos.RELIABLE)
@@ -337,9 +336,10 @@ class SceneQueryNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._running = True
-        self._worker = threading.Thread(target=self._work, name="scene_query", daemon=True)
-        self._worker.start()
+        self._questions.open()  # questions that came while inactive are answered now
+        # idle: the link estimate is the worker's to refresh
+        self._worker = Worker("scene_query", self._questions, self._answer, idle=lambda: self.answerer.poll_link(),
+                              poll_s=0.25).start()
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -369,11 +369,8 @@ class SceneQueryNode(LifecycleNode):
             self._prober = None
 
     def _stop_worker(self) -> None:
-        with self._cv:
-            self._running = False
-            self._cv.notify_all()
         if self._worker is not None:
-            self._worker.join(timeout=30.0)
+            self._worker.stop(join_timeout_s=30.0)
             self._worker = None
 
     def _on_image(self, topic: str, msg) -> None:
@@ -393,9 +390,7 @@ class SceneQueryNode(LifecycleNode):
             self.bad_messages += 1
             self.get_logger().warning("empty question ignored", throttle_duration_sec=2.0)
             return
-        with self._cv:
-            self._questions.append(msg.data)
-            self._cv.notify()
+        self._questions.put(msg.data)
 
     def _latest_frames(self) -> dict:
         """Fresh frames, in camera_topics order (the prompt's image order)."""
@@ -407,30 +402,21 @@ class SceneQueryNode(LifecycleNode):
         if self.context.ok():
             pub.publish(String(data=text))
 
-    def _work(self) -> None:
-        while True:
-            with self._cv:
-                if self._running and not self._questions:
-                    self._cv.wait(timeout=0.25)
-                if not self._running:
-                    return
-                question = self._questions.popleft() if self._questions else None
-            if question is None:  # idle: the link estimate is this thread's to refresh
-                self.answerer.poll_link()
-                continue
-            try:
-                a = self.answerer.answer(question, self._latest_frames(),
-                                         lambda t: self._publish(self._partial_pub, t))
-            except Exception as e:  # a failed answer must not end the worker
-                self.failed += 1
-                self.get_logger().error(f"answering {question[:60]!r} failed: {e}")
-                continue
-            self._record(a)
-            self._publish(self._answer_pub, a.text)
-            self._publish(self._info_pub, json.dumps({"question": question, **asdict(a)}))
-            why = f"; cloud failed: {a.fallback}" if a.fallback else ""
-            self.get_logger().info(f"answered ({a.source}, route {a.target} {a.candidate or '-'} [{a.reason}], "
-                                   f"{a.seconds:.2f}s{why}): {question[:60]!r} -> {a.text[:80]!r}")
+    def _answer(self, question: str) -> None:
+        """Worker thread: one question answered and published."""
+        try:
+            a = self.answerer.answer(question, self._latest_frames(),
+                                     lambda t: self._publish(self._partial_pub, t))
+        except Exception as e:  # a failed answer must not end the worker
+            self.failed += 1
+            self.get_logger().error(f"answering {question[:60]!r} failed: {e}")
+            return
+        self._record(a)
+        self._publish(self._answer_pub, a.text)
+        self._publish(self._info_pub, json.dumps({"question": question, **asdict(a)}))
+        why = f"; cloud failed: {a.fallback}" if a.fallback else ""
+        self.get_logger().info(f"answered ({a.source}, route {a.target} {a.candidate or '-'} [{a.reason}], "
+                               f"{a.seconds:.2f}s{why}): {question[:60]!r} -> {a.text[:80]!r}")
 
     def _record(self, a: SceneAnswer) -> None:
         with self._counts_lock:
@@ -444,9 +430,9 @@ class SceneQueryNode(LifecycleNode):
     def _publish_diagnostics(self) -> None:
         if not self.context.ok():
             return
-        values: dict[str, object] = {"state": "active" if self._running else "inactive", "answered": self.answered,
-                                     "failed": self.failed, "bad_messages": self.bad_messages,
-                                     "queued": len(self._questions)}
+        values: dict[str, object] = {"state": "active" if self._worker is not None else "inactive",
+                                     "answered": self.answered, "failed": self.failed,
+                                     "bad_messages": self.bad_messages, "queued": len(self._questions)}
         with self._counts_lock:
             values.update(sorted(self.counts.items()))
         if self._cloud is not None and hasattr(self._cloud, "stats"):
@@ -459,12 +445,7 @@ class SceneQueryNode(LifecycleNode):
                            "last_reason": a.reason, "last_seconds": a.seconds, "last_fallback": a.fallback})
             if a.source == "edge-fallback":
                 level, message = diag.WARN, f"last answer on the edge instead of the cloud: {a.fallback}"
-        status = diag.make_status(f"{self.get_name()}: scene questions", self.get_fully_qualified_name(), level,
-                                  message, values)
-        try:
-            self._diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
-        except Exception:  # context gone during shutdown
-            pass
+        diag.publish_status(self, self._diag_pub, "scene questions", level, message, values)
 
 
 def main(args=None) -> int:

@@ -37,6 +37,7 @@ from edgefm_ros.ros.params import declare
 from edgefm_ros.ros.shadow import PlacementRun, Shadow, ShadowConfig
 from edgefm_ros.ros.vla_params import NODE_NAME, PARAMS, VlaNodeConfig, make_config
 from edgefm_ros.ros.spin import run_node
+from edgefm_ros.ros.worker import Worker
 from edgefm_ros.types import ActionChunk, Observation, RouteDecision
 
 
@@ -113,8 +114,7 @@ class VlaNode(LifecycleNode):
         self._shadow: Shadow | None = None
         self._run_id = uuid.uuid4().hex[:8]  # request ids in the shadow log: <run>-<seq>
         self._active = False
-        self._stop = threading.Event()
-        self._worker: threading.Thread | None = None
+        self._worker: Worker | None = None
         self._slot: LatestSlot = LatestSlot()
         self._req_lock = threading.Lock()
         self._requester = ChunkRequester()
@@ -209,11 +209,9 @@ class VlaNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         self.get_logger().info(f"warm-up done in {time.perf_counter() - t0:.2f}s; waiting for chunk requests")
         ret = super().on_activate(state)
-        self._stop.clear()
         self._slot = LatestSlot()
         self._requester = ChunkRequester(self.cfg.merge_timeout_s)
-        self._worker = threading.Thread(target=self._work, name="inference", daemon=True)
-        self._worker.start()
+        self._worker = Worker("inference", self._slot, self._serve, poll_s=0.2).start()
         self._active = True
         return ret
 
@@ -242,10 +240,8 @@ class VlaNode(LifecycleNode):
 
     def _stop_worker(self) -> None:
         self._active = False
-        self._stop.set()
-        self._slot.close()
         if self._worker is not None:
-            self._worker.join(timeout=10.0)
+            self._worker.stop(join_timeout_s=10.0)
             self._worker = None
 
     # callbacks: validate and cache -----------------------------------------------------------------------
@@ -306,20 +302,16 @@ class VlaNode(LifecycleNode):
         self._slot.put((self.cache.snapshot(now), self._route))
 
     # worker ----------------------------------------------------------------------------------------------
-    def _work(self) -> None:
-        while not self._stop.is_set():
-            item = self._slot.take(timeout=0.2)
-            if item is None:
-                continue
-            seq = 0
-            try:
-                seq = self._compute(*item)
-            except Exception as e:  # never let one bad chunk kill the worker
-                self.errors += 1
-                self.get_logger().error(f"inference failed: {e!r}", throttle_duration_sec=2.0)
-            finally:
-                with self._req_lock:
-                    self._requester.finished(seq, self._now())
+    def _serve(self, item: tuple[Snapshot, tuple[RouteDecision, float] | None]) -> None:
+        seq = 0
+        try:
+            seq = self._compute(*item)
+        except Exception as e:  # never let one bad chunk kill the worker
+            self.errors += 1
+            self.get_logger().error(f"inference failed: {e!r}", throttle_duration_sec=2.0)
+        finally:
+            with self._req_lock:
+                self._requester.finished(seq, self._now())
 
     def _choose_target(self, route: tuple[RouteDecision, float] | None, now: float) -> RouteDecision | None:
         c = self.cfg
@@ -450,12 +442,7 @@ class VlaNode(LifecycleNode):
             values.update(self._diag_values(self._now()))
             level, message = self._diag_level()
         self._bad_recent = 0
-        status = diag.make_status(f"{self.get_name()}: inference", self.get_fully_qualified_name(), level,
-                                  message, values)
-        try:
-            self._diag_pub.publish(diag.make_array(self.get_clock().now().to_msg(), [status]))
-        except Exception:  # context gone during shutdown
-            pass
+        diag.publish_status(self, self._diag_pub, "inference", level, message, values)
 
     def _diag_values(self, now: float) -> dict[str, object]:
         v: dict[str, object] = {"model": self.engine.spec.name, "chunks": self.chunks, "errors": self.errors,

@@ -29,6 +29,15 @@ def make_array(stamp, statuses: list[DiagnosticStatus]) -> DiagnosticArray:
     return msg
 
 
+def publish_status(node, pub, what: str, level: bytes, message: str, values: Mapping[str, object]) -> None:
+    """One status "<node name>: <what>" on ``pub`` (/diagnostics); nothing once the context is gone."""
+    status = make_status(f"{node.get_name()}: {what}", node.get_fully_qualified_name(), level, message, values)
+    try:
+        pub.publish(make_array(node.get_clock().now().to_msg(), [status]))
+    except Exception:  # context gone during shutdown
+        pass
+
+
 def status_values(status: DiagnosticStatus) -> dict[str, str]:
     return {kv.key: kv.value for kv in status.values}
 
