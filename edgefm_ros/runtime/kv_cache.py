@@ -52,6 +52,21 @@ class StaticKVCache:
         """Keys/values of positions [0, end): [B, Hkv, end, D] each."""
         return self.codec.read(self.stores[layer], end)
 
+    def move(self, src: Sequence[int], dst: int) -> None:
+        """Copy the entries of slots ``src`` to slots [dst, dst + len(src)) in every layer, as stored (no
+        re-encoding: exact for any codec whose store tensors keep slots on axis 2, as every codec does).
+        Sources are gathered before writing, so the ranges may overlap."""
+        idx = torch.as_tensor(list(src), dtype=torch.long)
+        end = dst + len(idx)
+        if len(idx) == 0:
+            return
+        if int(idx.min()) < 0 or int(idx.max()) >= self.capacity or dst < 0 or end > self.capacity:
+            raise ValueError(f"KV move of slots {idx.tolist()} to [{dst}, {end}) outside the capacity {self.capacity}")
+        for store in self.stores:
+            for t in store.values():
+                if t.dim() == 4 and t.shape[2] == self.capacity:
+                    t[:, :, dst:end] = t[:, :, idx]
+
     def nbytes(self) -> int:
         return sum(self.codec.nbytes(s) for s in self.stores)
 

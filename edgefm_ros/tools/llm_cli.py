@@ -2,9 +2,10 @@
 
   edgefm-llm generate    [--gguf F | --model DIR] --prompt TEXT [--system TEXT] [--raw] [--max-new N]
                          [--temperature T --top-k K --top-p P --seed S] [--stop S ...] [--prefix F.safetensors]
-                         [--kv-codec int8] [--draft F.safetensors --k 4] [--image F.npy ...] [--json]
+                         [--kv-codec int8] [--draft F.safetensors [--k 4 | --tree N --tree-depth D]]
+                         [--image F.npy ...] [--json]
   edgefm-llm prefix      [--gguf F | --model DIR] --system TEXT --out F.safetensors
-  edgefm-llm train-draft [--gguf F | --model DIR] --out F.safetensors [--prompts 480 --new-tokens 64 --steps 300]
+  edgefm-llm train-draft [--gguf F | --model DIR] --out F.safetensors [--prompts 1152 --steps 500 ...]
   edgefm-llm bench       [--gguf F | --model DIR] [--new-tokens 64] [--runs 3] [--json F]
   edgefm-llm plan        [--gguf F | --model DIR] [--mode ...] [--table F.yaml ...]
 
@@ -67,12 +68,13 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
 
     if args.draft:
-        from edgefm_ros.runtime.speculative import SpeculativeDecoder, load_draft
+        from edgefm_ros.runtime.speculative import SpeculativeDecoder, draft_tree, load_draft
 
         if images:
             raise SystemExit("edgefm-llm: --draft works with text prompts only")
-        out = SpeculativeDecoder(engine, load_draft(args.draft, engine), args.k).generate(
-            _prompt(args), _sampling(args), stream)
+        draft = load_draft(args.draft, engine)
+        tree = draft_tree(draft, args.tree, args.tree_depth) if args.tree else None
+        out = SpeculativeDecoder(engine, draft, args.k, tree).generate(_prompt(args), _sampling(args), stream)
     else:
         out = engine.generate(_prompt(args), _sampling(args), stream, images)
     stats = {"text": out.text, "tokens": len(out.tokens), "stop_reason": out.stop_reason,
@@ -101,15 +103,21 @@ def cmd_prefix(args) -> int:
 
 def cmd_train_draft(args) -> int:
     from edgefm_ros.runtime.speculative import save_draft
-    from edgefm_ros.tools.train_draft import train_draft
+    from edgefm_ros.tools.train_draft import Recipe, train_draft
 
+    recipe = Recipe(prompts=args.prompts, val_prompts=args.val_prompts, new_tokens=args.new_tokens,
+                    collect_batch=args.collect_batch, collect_mode=args.collect_mode, temperature=args.temperature,
+                    draft_vocab=args.draft_vocab, inner=args.inner, steps=args.steps, batch=args.batch, lr=args.lr,
+                    ttt_steps=args.ttt_steps, seed=args.seed)
     engine = _engine(args)
-    cfg, tensors, stats = train_draft(engine, n_prompts=args.prompts, new_tokens=args.new_tokens,
-                                      draft_vocab=args.draft_vocab, inner=args.inner, steps=args.steps,
-                                      batch=args.batch, lr=args.lr, seed=args.seed,
-                                      log=lambda s: print(s, file=sys.stderr, flush=True))
-    save_draft(args.out, cfg, tensors, engine.weights_fp, stats)
-    print(json.dumps({"out": args.out, **stats}))
+    collector = None
+    if recipe.collect_mode != args.mode:
+        collector = _engine(argparse.Namespace(**{**vars(args), "mode": recipe.collect_mode}))
+    cfg, tensors, stats = train_draft(engine, recipe, log=lambda s: print(s, file=sys.stderr, flush=True),
+                                      collect_engine=collector)
+    path = save_draft(args.out, cfg, tensors, engine.weights_fp, stats, head_from_target=True,
+                      half=not args.fp32)
+    print(json.dumps({"out": args.out, "bytes": path.stat().st_size, **stats}))
     return 0
 
 
@@ -164,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--prefix", default=None, help="fixed-prefix KV file from `edgefm-llm prefix`")
     g.add_argument("--draft", default=None, help="draft head from `edgefm-llm train-draft` (speculative decoding)")
-    g.add_argument("--k", type=int, default=4, help="draft tokens per verification")
+    g.add_argument("--k", type=int, default=4, help="draft tokens per verification (chain)")
+    g.add_argument("--tree", type=int, default=0, help="draft a token tree of N nodes instead of a chain")
+    g.add_argument("--tree-depth", type=int, default=6, help="deepest tree level (--tree)")
     g.add_argument("--image", action="append", default=[], help="uint8 HxWx3 image as .npy (SmolVLM2, repeatable)")
     g.add_argument("--json", action="store_true")
     g.set_defaults(fn=cmd_generate)
@@ -176,14 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train-draft", help="distil an EAGLE-3 style draft head from the target's outputs")
     _model_args(t)
     t.add_argument("--out", required=True)
-    t.add_argument("--prompts", type=int, default=480)
-    t.add_argument("--new-tokens", type=int, default=64)
-    t.add_argument("--draft-vocab", type=int, default=2048)
+    t.add_argument("--prompts", type=int, default=1152, help="training prompts (built-in task x topic grid)")
+    t.add_argument("--val-prompts", type=int, default=32)
+    t.add_argument("--new-tokens", type=int, default=64, help="target continuation length per prompt")
+    t.add_argument("--collect-batch", type=int, default=296)
+    t.add_argument("--collect-mode", default="fast", choices=["exact", "fast", "reference"],
+                   help="engine mode that generates the training data (same weights)")
+    t.add_argument("--temperature", type=float, default=0.7, help="of the sampled continuations (every other)")
+    t.add_argument("--draft-vocab", type=int, default=4096)
     t.add_argument("--inner", type=int, default=768, help="draft MLP width")
-    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--steps", type=int, default=500)
     t.add_argument("--batch", type=int, default=16)
     t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--ttt-steps", type=int, default=3, help="training-time-test draft steps")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--fp32", action="store_true", help="store fp32 matrices (default fp16, head rebuilt at load)")
     t.set_defaults(fn=cmd_train_draft)
     b = sub.add_parser("bench", help="decode tokens/s and time to first token of this runtime")
     _model_args(b)

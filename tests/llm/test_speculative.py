@@ -1,10 +1,11 @@
-"""EAGLE-3 style speculative decoding: greedy output identical to plain greedy, whatever the draft proposes."""
+"""EAGLE-3 style speculative decoding (chain): greedy output identical to plain greedy, whatever the draft
+proposes; the sampled path reduces to greedy when the distributions are one-hot."""
 import pytest
 import torch
 
 from edgefm_ros.runtime.generate import GenerationError, SamplingConfig
-from edgefm_ros.runtime.speculative import (SpeculativeDecoder, build_draft, draft_config_for, init_draft_weights,
-                                            load_draft, save_draft)
+from edgefm_ros.runtime.speculative import (SpeculativeDecoder, TreeShape, build_draft, draft_config_for,
+                                            init_draft_weights, load_draft, save_draft)
 
 
 @pytest.fixture(scope="module")
@@ -16,18 +17,18 @@ def draft(engine):
 
 
 class Scripted(SpeculativeDecoder):
-    """A draft that proposes a given continuation (an oracle when it is the greedy answer)."""
+    """A chain draft that proposes a given continuation (an oracle when it is the greedy answer)."""
 
     def __init__(self, engine, draft, k, script, wrong=False):
         super().__init__(engine, draft, k)
-        self.script, self.wrong, self.pos = script, wrong, 0
+        self.script, self.wrong = script, wrong
 
-    def _propose(self, tokens, feats, start, k):
-        super()._propose(tokens, feats, start, k)  # keep the draft cache bookkeeping exercised
+    def _propose(self, tokens, feats, start, s, gen):
+        super()._propose(tokens, feats, start, s, gen)  # keep the draft cache bookkeeping exercised
         done = self.engine.cache.length - self.prompt_len  # committed answer tokens, the pending one excluded
-        nxt = self.script[done + 1:done + 1 + k]
-        nxt += [3] * (k - len(nxt))
-        return [(t + 1) % 49000 if self.wrong else t for t in nxt]
+        nxt = self.script[done + 1:done + 1 + self.k]
+        nxt += [3] * (self.k - len(nxt))
+        return [(t + 1) % 49000 if self.wrong else t for t in nxt], None
 
     def generate(self, prompt, sampling=SamplingConfig(), on_token=None):
         self.prompt_len = len(self.engine.encode(prompt))
@@ -50,6 +51,34 @@ def test_greedy_output_identical_with_any_draft(engine, draft, k):
     assert wrong.tokens == plain.tokens and set(wrong.accepted) == {1}
 
 
+def test_sampled_chain_with_one_hot_distributions_is_greedy(engine, draft):
+    """top_k=1 makes target and draft distributions one-hot: the sampling rule must then commit exactly the
+    greedy tokens, for any seed (acceptance by min(1, p/q), residual draws, the bonus token)."""
+    _, _, head = draft
+    ids = torch.randint(3, 49000, (12,)).tolist()
+    plain = engine.generate(ids, SamplingConfig(max_new_tokens=16, stop_ids=()))
+    seed = int(torch.randint(0, 1 << 30, ()))
+    s = SamplingConfig(max_new_tokens=16, temperature=0.8, top_k=1, seed=seed, stop_ids=())
+    assert SpeculativeDecoder(engine, head, 3).generate(ids, s).tokens == plain.tokens
+    oracle = Scripted(engine, head, 3, plain.tokens).generate(ids, s)  # point-mass chain, all accepted
+    assert oracle.tokens == plain.tokens and oracle.accepted[:-1] == [4] * (len(oracle.accepted) - 1)
+
+
+def test_sampled_chain_is_seeded_and_stays_in_the_support(engine, draft):
+    _, _, head = draft
+    ids = torch.randint(3, 49000, (12,)).tolist()
+    dec = SpeculativeDecoder(engine, head, 3)
+    s = SamplingConfig(max_new_tokens=16, temperature=0.7, top_k=5, seed=int(torch.randint(0, 1 << 30, ())),
+                       stop_ids=())
+    a, b = dec.generate(ids, s), dec.generate(ids, s)
+    assert a.tokens == b.tokens and len(a.tokens) == 16
+    # every committed token is among the target's top 5 given the committed prefix (teacher-forced check)
+    last, _ = engine.prefill(ids, 0)
+    steps = [last] + [engine.forward_decode([t])[0][-1] for t in a.tokens[:-1]]
+    for tok, lg in zip(a.tokens, steps):
+        assert tok in torch.topk(lg, 5).indices.tolist()
+
+
 def test_speculative_stops_like_plain(engine, draft):
     _, _, head = draft
     ids = torch.randint(3, 49000, (10,)).tolist()
@@ -62,10 +91,10 @@ def test_speculative_stops_like_plain(engine, draft):
     out = SpeculativeDecoder(engine, head, 3).generate(ids, SamplingConfig(max_new_tokens=13, stop_ids=()),
                                                        on_token=lambda t, d: streamed.append(d))
     assert len(out.tokens) == 13 and "".join(streamed) == out.text
-    with pytest.raises(GenerationError, match="greedy"):
-        SpeculativeDecoder(engine, head, 3).generate(ids, SamplingConfig(temperature=0.7))
     with pytest.raises(ValueError, match="k"):
         SpeculativeDecoder(engine, head, 0)
+    with pytest.raises(GenerationError, match="capacity"):
+        SpeculativeDecoder(engine, head, tree=TreeShape.best(8)).generate(ids, SamplingConfig(max_new_tokens=240))
 
 
 def test_draft_file_roundtrip_and_refusal(engine, draft, tmp_path, tied_llama, llama_factory, seed,
@@ -77,35 +106,17 @@ def test_draft_file_roundtrip_and_refusal(engine, draft, tmp_path, tied_llama, l
     loaded = load_draft(path, engine)
     x = torch.randn(1, 5, cfg.text.hidden)
     assert torch.equal(loaded.logits(x), head.logits(x)) and torch.equal(loaded.d2t, head.d2t)
+    assert loaded.meta == {"note": "test"}
+    # compact form: head rebuilt from the target's embedding rows, fp16 matrices
+    small = save_draft(tmp_path / "s.safetensors", cfg, tensors, engine.weights_fp, head_from_target=True, half=True)
+    assert small.stat().st_size < 0.6 * path.stat().st_size
+    compact = load_draft(small, engine)
+    assert torch.equal(compact.d2t, head.d2t)
+    assert torch.allclose(compact.logits(x), head.logits(x), rtol=2e-3, atol=2e-3 * float(head.logits(x).abs().max()))
     llama_factory(tmp_path / "other", seed + 3, True, tiny_tokenizer_dir, layers=4)
     other = LlmEngine.from_dir(tmp_path / "other", LlmEngineConfig(capacity=64))
     with pytest.raises(ValueError, match="other target weights"):
         load_draft(path, other)
-
-
-def test_training_improves_the_draft(engine):
-    from edgefm_ros.tools.train_draft import collect, default_prompts, draft_losses, draft_vocabulary, train
-
-    cfg = draft_config_for(engine, 512, inner=64)
-    data = collect(engine, default_prompts(6), 8, cfg.taps, batch=6, log=lambda s: None)
-    assert data.tokens.shape[0] == 6 and data.taps.shape[-1] == len(cfg.taps) * cfg.text.hidden
-    # the collected continuation is the target's own greedy answer
-    row = data.tokens[0][data.valid[0]].tolist()
-    prompt = engine.encode(default_prompts(6)[0])
-    assert row[:len(prompt)] == prompt
-    answer = engine.generate(prompt, SamplingConfig(max_new_tokens=8, stop_ids=())).tokens
-    assert row[len(prompt):] == answer[:len(row) - len(prompt)]
-    d2t = draft_vocabulary(data, cfg.draft_vocab, engine.eos_ids, cfg.target_vocab)
-    t2d = torch.full((cfg.target_vocab,), -100, dtype=torch.long)
-    t2d[d2t] = torch.arange(len(d2t))
-    before = build_draft(cfg, init_draft_weights(cfg, engine.lm["decode"].embed, d2t), engine.resolvers["decode"])
-    after = build_draft(cfg, train(engine, data, cfg, d2t, steps=20, batch=3, lr=3e-3, log=lambda s: None),
-                        engine.resolvers["decode"])
-    clone = type(data)(*(x.clone() for x in (data.tokens, data.valid, data.positions, data.taps, data.argmax)))
-    with torch.no_grad():
-        l0 = draft_losses(before, engine.lm["decode"].embed, clone, torch.arange(6), t2d)[0]
-        l1 = draft_losses(after, engine.lm["decode"].embed, clone, torch.arange(6), t2d)[0]
-    assert l1 < 0.7 * l0
 
 
 def test_speculative_with_a_reused_prefix(engine, draft):
@@ -116,9 +127,9 @@ def test_speculative_with_a_reused_prefix(engine, draft):
     plain = engine.generate(ids, s)
     engine.use_prefix(engine.build_prefix(ids[:16]))
     try:
-        spec = SpeculativeDecoder(engine, head, 3)
-        out = spec.generate(ids, s)
-        assert out.prefilled_tokens == 8 and spec.valid_from == 16
-        assert out.tokens == plain.tokens
+        for dec in (SpeculativeDecoder(engine, head, 3), SpeculativeDecoder(engine, head, tree=TreeShape.best(6))):
+            out = dec.generate(ids, s)
+            assert out.prefilled_tokens == 8 and dec.valid_from == 16
+            assert out.tokens == plain.tokens
     finally:
         engine.use_prefix(None)
