@@ -9,7 +9,6 @@
 
 Weights are converted (dtype, concatenation) once at build; ``pages.release_pages`` then asks the kernel
 to drop the resident pages of the memory-mapped source so a converted copy does not double the RSS.
-Packed layouts are moved onto huge pages once made (``pages.back_with_huge_pages``).
 """
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .pages import back_with_huge_pages
 
 BACKENDS = ("aten", "mkl", "onednn")
 POSTS = ("none", "gelu_tanh")
@@ -69,8 +67,12 @@ class Gemm:
         self._packed: dict[int, torch.Tensor] = {}
 
     def packed(self, m: int) -> torch.Tensor:
-        p = self._packed.get(m)
-        if p is None:
+        """The layout packed for ``m`` rows; the least recently used of MAX_PACKED is dropped for a new one
+        (a decode layout, used every step, survives prompts of many lengths)."""
+        p = self._packed.pop(m, None)
+        if p is not None:
+            self._packed[m] = p  # most recently used last
+        else:
             w = self.w if self.w is not None else self.make()[0]
             if len(self._packed) >= MAX_PACKED:
                 self._packed.pop(next(iter(self._packed)))
@@ -78,7 +80,6 @@ class Gemm:
                 p = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
             else:
                 p = torch.ops.mkldnn._reorder_linear_weight(w, m)
-            back_with_huge_pages(p)  # read once per decode step: 4 KiB pages thrash the TLB
             self._packed[m] = p
             self.w = None
         return p

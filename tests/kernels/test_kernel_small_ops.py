@@ -116,3 +116,17 @@ def test_int8_weight_only_refuses_widths_that_crash_torch(gen):
     assert "16" in impl.rejects(spec("linear", **{"in": 40}), {})
     with pytest.raises(ValueError, match="divisible"):
         quant.QGemm(lambda: (torch.randn(8, 40, generator=gen), None), "none", "int8_wo")
+
+
+def test_packed_layouts_evict_the_least_recently_used(gen):
+    """A layout used every step (decode's row count) survives prompts of many other lengths; every
+    layout computes the same product."""
+    w = torch.randn(48, 40, generator=gen)
+    g = gemm.Gemm(lambda: (w.clone(), None), "mkl")
+    decode_m = 50
+    for m in (7, 9, 11, 13, 15, 17):
+        g(torch.randn(decode_m, 40, generator=gen))  # the decode layout, touched between prompts
+        x = torch.randn(m, 40, generator=gen)
+        torch.testing.assert_close(g(x), x @ w.T, rtol=1e-5, atol=1e-4)
+        assert decode_m in g._packed and len(g._packed) <= gemm.MAX_PACKED
+    assert 7 not in g._packed  # the oldest prompt length went first
