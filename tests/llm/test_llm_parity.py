@@ -8,6 +8,12 @@ from edgefm_ros.runtime.generate import (GenerationError, LlmEngine, LlmEngineCo
 ATOL = 1e-4
 
 
+def bound(ref: torch.Tensor) -> float:
+    """fp32 logits of ~12 on random small configs; our GEMMs sum in another order than transformers', and
+    the error was seen reaching 1.0e-4 (CI): 2e-5 of the largest logit (~200 ulp there), at least ATOL."""
+    return max(ATOL, 2e-5 * float(ref.abs().max()))
+
+
 def full_logits(engine, ids):
     lm = engine.lm["prefill"]
     with torch.no_grad():
@@ -23,13 +29,14 @@ def test_prefill_and_decode_logits_match_transformers(tiny_llama, mode):
     ids = torch.randint(0, 49280, (1, 24))
     with torch.no_grad():
         ref = hf(ids).logits[0]
-    assert (full_logits(engine, ids) - ref).abs().max() <= ATOL
+    tol = bound(ref)
+    assert (full_logits(engine, ids) - ref).abs().max() <= tol
     # prefill 10 tokens, then one decode step per token through the static cache
     last, _ = engine.prefill(ids[0, :10].tolist(), 0)
     steps = [last] + [engine.forward_decode([int(t)])[0][-1] for t in ids[0, 10:]]
     assert engine.cache.length == 24
-    assert (torch.stack(steps[:-1]) - ref[9:23]).abs().max() <= ATOL
-    assert (steps[-1] - ref[23]).abs().max() <= ATOL
+    assert (torch.stack(steps[:-1]) - ref[9:23]).abs().max() <= tol
+    assert (steps[-1] - ref[23]).abs().max() <= tol
 
 
 def test_greedy_tokens_match_transformers_generate(tiny_llama):
