@@ -1,7 +1,6 @@
 """Page hints for weight memory (Linux; a no-op elsewhere).
 
 release_pages(tensors)  drop the resident pages of sources just converted into a copy (MADV_PAGEOUT)
-span(t)                 (address, bytes) of a tensor's data, dense or oneDNN/MKL-packed
 """
 from __future__ import annotations
 
@@ -28,13 +27,6 @@ def _libc():
         return None
 
 
-def span(t: torch.Tensor) -> tuple[int, int]:
-    """(address, bytes) of a CPU tensor's data, dense or oneDNN/MKL-packed (opaque) layout."""
-    if t.layout == torch._mkldnn:  # packed weights: their memory is only reachable through these ops
-        return int(torch.ops.mkldnn.data_ptr(t)), int(torch.ops.mkldnn._nbytes(t))
-    return t.data_ptr(), t.numel() * t.element_size()
-
-
 def release_pages(tensors: Sequence[torch.Tensor | None]) -> None:
     """Hint the kernel to reclaim the pages fully inside each CPU tensor's storage (MADV_PAGEOUT).
 
@@ -49,7 +41,7 @@ def release_pages(tensors: Sequence[torch.Tensor | None]) -> None:
     for t in tensors:
         if t is None or t.device.type != "cpu" or t.numel() == 0:
             continue
-        start, nbytes = span(t)
+        start, nbytes = t.data_ptr(), t.numel() * t.element_size()
         lo, hi = -(-start // page) * page, ((start + nbytes) // page) * page
         if hi > lo:
             libc.madvise(lo, hi - lo, _MADV_PAGEOUT)
