@@ -5,6 +5,8 @@
   aten    F.linear: MKL sgemm for fp32, oneDNN for bf16 (the weight is re-laid out on every call)
   mkl     MKL packed sgemm (fp32 only): the weight is packed once per row count M
   onednn  oneDNN with the weight reordered once per M into its blocked layout (fp32, or bf16 on AMX)
+  panel   our AVX-512 kernel (panel_gemm.py, fp32 only): 32-column panels packed once for every M,
+          the next panel prefetched while one is used; made for decode, where the weights are cold
 ``post`` is an elementwise epilogue: "none", "gelu_tanh" (fused by oneDNN, applied after aten/mkl).
 
 Weights are converted (dtype, concatenation) once at build; ``pages.release_pages`` then asks the kernel
@@ -17,8 +19,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from . import panel_gemm
 
-BACKENDS = ("aten", "mkl", "onednn")
+
+BACKENDS = ("aten", "mkl", "onednn", "panel")
 POSTS = ("none", "gelu_tanh")
 MAX_PACKED = 4  # packed layouts kept per weight (one per distinct row count M)
 
@@ -30,6 +34,10 @@ def backend_rejects(backend: str, dtype: torch.dtype) -> str | None:
         return "the mkl packed GEMM is fp32 only"
     if backend in ("mkl", "onednn") and not torch.backends.mkldnn.is_available():
         return f"backend {backend!r} needs torch built with oneDNN/MKL"
+    if backend == "panel":
+        if dtype != torch.float32:
+            return "the panel GEMM is fp32 only"
+        return panel_gemm.unavailable()
     return None
 
 
@@ -39,6 +47,8 @@ def backend_check(dtype: torch.dtype):
         backend = params.get("backend", "aten")
         if backend != "aten" and not spec.hw_profile.startswith("cpu"):
             return f"backend {backend!r} is a CPU GEMM, this is {spec.hw_profile!r}"
+        if backend == "panel" and not spec.hw_profile.startswith("cpu_x86_avx512"):
+            return f"the panel GEMM needs an AVX-512 profile, this is {spec.hw_profile!r}"
         return backend_rejects(backend, dtype)
     return check
 
@@ -65,6 +75,9 @@ class Gemm:
         # MKL's packed GEMM only reads the original weight for another M, which never reaches it
         self._origin = torch.zeros((), dtype=w.dtype).expand(w.shape) if backend == "mkl" else None
         self._packed: dict[int, torch.Tensor] = {}
+        self._panel = None
+        if backend == "panel":  # one layout for every M: pack now, keep only the panels
+            self._panel, self.w, self.b = panel_gemm.PanelWeight(w, b), None, None
 
     def packed(self, m: int) -> torch.Tensor:
         """The layout packed for ``m`` rows; the least recently used of MAX_PACKED is dropped for a new one
@@ -91,8 +104,9 @@ class Gemm:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         m = x2.shape[0]
-        if self.backend == "mkl":
-            y = torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m)
+        if self.backend in ("mkl", "panel"):
+            y = (self._panel(x2) if self._panel is not None
+                 else torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m))
             if self.post == "gelu_tanh":
                 y = F.gelu(y, approximate="tanh")
         elif self.post == "gelu_tanh":

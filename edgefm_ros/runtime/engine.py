@@ -104,8 +104,8 @@ class Engine:
         cfg = ckpt.config
         self.cfg = cfg
         tables = builtin_tables(config.mode)
-        if config.mode == "fast":
-            tables += skills.tables_for(hardware.profile)  # GPU skills whose requirements are met here
+        if config.mode != "reference":  # the mode's skills whose requirements are met here
+            tables += skills.tables_for(hardware.profile, mode=config.mode)
         tuned = tuned_table_path(hardware.profile)
         if config.mode == "fast" and config.use_tuned and tuned.is_file():
             tables.append(tuned)

@@ -8,7 +8,9 @@ A manifest is a YAML file (shipped ones live in ``kernels/skills/``)::
     device: cuda                     # cpu | cuda
     hw_profiles: [cuda_sm80, cuda_sm90]   # profiles it was verified on
     requires: [flashinfer]           # Python modules that must be importable
-    default: true                    # loaded automatically in fast mode when available (default true)
+    native: []                       # compiled kernels (kernels/csrc/<name>.c) that must build and load here
+    modes: [fast]                    # engine modes that load it (default [fast]; exact needs fp32 impls)
+    default: true                    # loaded automatically in its modes when available (default true)
     impls:                           # what it provides: registered (op_kind, impl_id) pairs
       - {op_kind: attention, impl_id: flashinfer}
     records:                         # dispatch records (runtime/dispatch.py format)
@@ -17,7 +19,8 @@ A manifest is a YAML file (shipped ones live in ``kernels/skills/``)::
 
 Validation (``load_skill``) rejects, naming the file and the value: unknown or missing fields, a bad
 name/version/device, an impl that is not registered, a record that does not parse, selects an impl
-outside ``impls`` or targets hardware outside ``hw_profiles``. A manifest is also a valid dispatch
+outside ``impls`` or targets hardware outside ``hw_profiles``, an unknown mode, or an exact-mode skill
+whose impls are not fp32. A manifest is also a valid dispatch
 table file (its ``records``), so ``tables_for`` returns paths the engine loads like any table.
 """
 from __future__ import annotations
@@ -29,14 +32,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
+from edgefm_kernels import native
 from edgefm_kernels.registry import OP_KINDS, get_impl
 
 from .dispatch import DispatchError, Record, parse_records, read_yaml
 
-FIELDS = {"skill", "version", "summary", "device", "hw_profiles", "requires", "default", "impls", "records",
-          "verified"}
+FIELDS = {"skill", "version", "summary", "device", "hw_profiles", "requires", "native", "modes", "default", "impls",
+          "records", "verified"}
 REQUIRED = ("skill", "version", "summary", "device", "hw_profiles", "impls", "records")
 DEVICES = ("cpu", "cuda")
+MODES = ("exact", "fast")
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 PROFILE = re.compile(r"^(cpu|cuda)(_[a-z0-9]+)*$")
 
@@ -61,6 +66,8 @@ class Skill:
     impls: tuple[tuple[str, str], ...]
     records: tuple[Record, ...]
     requires: tuple[str, ...] = ()
+    native: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ("fast",)
     default: bool = True
     verified: Mapping[str, Any] = field(default_factory=dict)
     path: Path | None = None
@@ -85,6 +92,14 @@ class Skill:
                 get_impl(kind, impl_id)
             except KeyError as e:
                 raise SkillError(f"{where}: {e.args[0]}") from None
+        for m in self.modes:
+            if m not in MODES:
+                raise SkillError(f"{where}: mode {m!r} is not one of {MODES}")
+        if "exact" in self.modes:
+            for kind, impl_id in self.impls:
+                if get_impl(kind, impl_id).precision != "fp32":
+                    raise SkillError(f"{where}: exact mode takes fp32 impls only; ({kind}, {impl_id}) is "
+                                     f"{get_impl(kind, impl_id).precision}")
         if not self.records:
             raise SkillError(f"{where}: a skill needs at least one record")
         for rec in self.records:
@@ -105,6 +120,10 @@ class Skill:
         for module in self.requires:
             if importlib.util.find_spec(module) is None:
                 return f"skill {self.name!r} needs the Python module {module!r}"
+        for name in self.native:
+            why = native.unavailable(name)
+            if why:
+                return f"skill {self.name!r} needs the compiled kernel {name!r}: {why}"
         if self.device == "cuda":
             import torch
 
@@ -144,7 +163,9 @@ def parse_skill(data: Any, path: Path) -> Skill:
     return Skill(name=str(data["skill"]), version=data["version"], summary=str(data["summary"]),
                  device=str(data["device"]), hw_profiles=_strings(data["hw_profiles"], "hw_profiles", path),
                  impls=tuple((str(i["op_kind"]), str(i["impl_id"])) for i in impls), records=tuple(records),
-                 requires=_strings(data.get("requires", []), "requires", path), default=default,
+                 requires=_strings(data.get("requires", []), "requires", path),
+                 native=_strings(data.get("native", []), "native", path),
+                 modes=_strings(data.get("modes", ["fast"]), "modes", path), default=default,
                  verified=dict(verified), path=path)
 
 
@@ -166,9 +187,10 @@ def discover(dirs: list[str | Path] | None = None) -> list[Skill]:
     return sorted(skills, key=lambda s: s.name)
 
 
-def tables_for(hw_profile: str, dirs: list[str | Path] | None = None, names: tuple[str, ...] = ()) -> list[Path]:
-    """Manifests the engine loads for ``hw_profile`` in fast mode: default skills (plus ``names``) that
-    match the profile and can run here. Raises for a requested name that does not exist or cannot run."""
+def tables_for(hw_profile: str, dirs: list[str | Path] | None = None, names: tuple[str, ...] = (),
+               mode: str = "fast") -> list[Path]:
+    """Manifests the engine loads for ``hw_profile`` in ``mode``: default skills of that mode (plus ``names``)
+    that match the profile and can run here. Raises for a requested name that does not exist or cannot run."""
     skills = discover(dirs)
     known = {s.name: s for s in skills}
     for n in names:
@@ -177,5 +199,5 @@ def tables_for(hw_profile: str, dirs: list[str | Path] | None = None, names: tup
         why = known[n].missing()
         if why:
             raise SkillError(why)
-    return [s.path for s in skills
-            if (s.default or s.name in names) and s.matches(hw_profile) and s.missing() is None]
+    return [s.path for s in skills if (s.default or s.name in names) and mode in s.modes
+            and s.matches(hw_profile) and s.missing() is None]

@@ -21,11 +21,30 @@ def write(tmp_path, data, name="s.yaml"):
     return p
 
 
-def test_shipped_skills_validate_and_target_gpus():
-    found = skills.discover()
-    assert {"cuda-bf16", "cuda-flashinfer", "cuda-triton", "cuda-sm90-fp8"} <= {s.name for s in found}
-    for s in found:
-        assert s.device == "cuda" and s.matches("cuda_sm90") and not s.matches("cpu_x86_avx512_bf16")
+def test_shipped_skills_validate_and_target_their_devices():
+    found = {s.name: s for s in skills.discover()}
+    assert {"cuda-bf16", "cuda-flashinfer", "cuda-triton", "cuda-sm90-fp8", "cpu-panel-gemm"} <= set(found)
+    for s in found.values():
+        if s.device == "cuda":
+            assert s.matches("cuda_sm90") and not s.matches("cpu_x86_avx512_bf16") and s.modes == ("fast",)
+    panel = found["cpu-panel-gemm"]
+    assert panel.modes == ("exact",) and panel.native == ("panel_gemm",)
+    assert panel.matches("cpu_x86_avx512_bf16") and panel.matches("cpu_x86_avx512")
+    assert not panel.matches("cpu_x86_avx2") and not panel.matches("cuda_sm90")
+
+
+def test_skills_load_only_in_their_modes(tmp_path):
+    p = write(tmp_path, {**GOOD, "impls": [{"op_kind": "linear", "impl_id": "fused"}],
+                         "records": [{"hw_profile": "cpu_x86", "op_kind": "linear", "impl_id": "fused"}],
+                         "modes": ["exact"]})
+    assert skills.tables_for("cpu_x86_avx512_bf16", [tmp_path], mode="exact") == [p]
+    assert skills.tables_for("cpu_x86_avx512_bf16", [tmp_path], mode="fast") == []
+
+
+def test_native_requirement_that_cannot_build_keeps_the_skill_out(tmp_path):
+    write(tmp_path, {**GOOD, "native": ["no_such_kernel_xyz"]})
+    assert "no_such_kernel_xyz" in skills.load_skill(tmp_path / "s.yaml").missing()
+    assert skills.tables_for("cpu_x86_avx512_bf16", [tmp_path]) == []
 
 
 def test_a_valid_manifest_is_also_a_table(tmp_path):
@@ -58,6 +77,9 @@ def test_a_valid_manifest_is_also_a_table(tmp_path):
     ({"records": [{"hw_profile": "cpu", "op_kind": "linear", "impl_id": "bf16", "stage": "later"}]}, "stage"),
     ({"default": "yes"}, "default"),
     ({"extra": 1}, "unknown field"),
+    ({"modes": ["turbo"]}, "mode 'turbo'"),
+    ({"modes": ["exact"]}, "exact mode takes fp32 impls only"),
+    ({"native": "panel_gemm"}, "native must be a list"),
 ])
 def test_malformed_manifests_are_rejected(tmp_path, change, message):
     data = copy.deepcopy(GOOD)

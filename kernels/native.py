@@ -1,0 +1,91 @@
+"""Compiled CPU kernels (``kernels/csrc/<name>.c``): built with the system C compiler on first use, cached,
+loaded with ctypes (which releases the GIL for the call).
+
+    lib = native.load("panel_gemm")      # ctypes.CDLL, or raises NativeError saying why
+    native.unavailable("panel_gemm")     # the same reason as a string, or None
+
+The shared object lives in ``$EDGEFM_CACHE_DIR`` (default ``~/.cache/edgefm_ros``) under a name that
+hashes the source, the flags and the compiler, so an edited kernel or another compiler rebuilds it; the
+build writes a temporary file and renames it, so concurrent processes never load half a library.
+OpenMP comes from the libgomp torch already loaded (same soname), so the kernels share torch's threads.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SRC_DIR = Path(__file__).resolve().parent / "csrc"
+# AVX-512 F/VL/DQ + FMA only: the library runs on any AVX-512 x86 CPU, not just the one that built it
+FLAGS = ("-O3", "-std=c11", "-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma", "-fopenmp", "-shared", "-fPIC")
+
+
+class NativeError(RuntimeError):
+    """A compiled kernel that cannot be built or loaded here; the message says why."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EDGEFM_CACHE_DIR") or Path.home() / ".cache" / "edgefm_ros") / "native"
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise NativeError("no C compiler found (set CC or install gcc)")
+    return cc
+
+
+def load(name: str) -> ctypes.CDLL:
+    lib = _load(name)
+    if isinstance(lib, NativeError):
+        raise lib
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str) -> "ctypes.CDLL | NativeError":
+    """The library, or the error (kept too, so a failed build is not retried for every op)."""
+    try:
+        return _build_and_open(name)
+    except NativeError as e:
+        return e
+
+
+def _build_and_open(name: str) -> ctypes.CDLL:
+    src = SRC_DIR / f"{name}.c"
+    if not src.is_file():
+        raise NativeError(f"no kernel source {src}")
+    cc = _compiler()
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeError(f"C compiler {cc!r} does not run: {e}") from None
+    key = hashlib.sha256("\0".join([src.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    out = cache_dir() / f"{name}-{key}.so"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            r = subprocess.run([cc, *FLAGS, str(src), "-o", tmp], capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                raise NativeError(f"building {src.name} with {cc} failed: {r.stderr.strip()[-800:]}")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    try:
+        return ctypes.CDLL(str(out))
+    except OSError as e:
+        raise NativeError(f"cannot load {out}: {e}") from None
+
+
+def unavailable(name: str) -> str | None:
+    """Why ``load(name)`` fails here, or None when it works."""
+    lib = _load(name)
+    return str(lib) if isinstance(lib, NativeError) else None

@@ -1,0 +1,70 @@
+"""Python side of ``csrc/panel_gemm.c``: an fp32 ``y = x W^T + b`` whose weight is packed once into 32-column
+panels and streamed with prefetch (the action expert's decode GEMMs: ~50 rows, weights cold in DRAM).
+
+    pw = PanelWeight(W [N, K] f32, b [N] | None)
+    y = pw(x [M, K] f32)                 # -> [M, N] f32, threads = torch.get_num_threads()
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import native
+
+NAME = "panel_gemm"
+PANEL = 32
+
+
+def unavailable() -> str | None:
+    """Why the panel GEMM cannot run on this machine, or None."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in ("AVX512",):
+        return f"the panel GEMM needs AVX-512 (torch reports CPU capability {cap!r})"
+    return native.unavailable(NAME)
+
+
+def _lib():
+    lib = native.load(NAME)
+    if not getattr(lib, "_edgefm_typed", False):
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        lib.edgefm_panel_size.argtypes, lib.edgefm_panel_size.restype = [i64, i64], i64
+        lib.edgefm_panel_pack.argtypes, lib.edgefm_panel_pack.restype = [ptr, i64, i64, ptr], None
+        lib.edgefm_panel_gemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+        lib.edgefm_panel_gemm.restype = None
+        lib._edgefm_typed = True
+    return lib
+
+
+class PanelWeight:
+    """W [N, K] (and b [N]) packed into panels [ceil(N/32), K, 32] (bias padded to match), fp32 on CPU."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None):
+        if w.dtype != torch.float32 or w.device.type != "cpu" or w.dim() != 2:
+            raise ValueError(f"the panel GEMM takes a 2-D fp32 CPU weight, got {tuple(w.shape)} {w.dtype} on {w.device}")
+        self.lib = _lib()
+        self.n, self.k = w.shape
+        w = w.contiguous()
+        self.panels = torch.empty(self.lib.edgefm_panel_size(self.n, self.k), dtype=torch.float32)
+        if self.panels.data_ptr() % 64:  # the kernel uses aligned loads
+            raise RuntimeError("torch returned a weight buffer that is not 64-byte aligned")
+        self.lib.edgefm_panel_pack(w.data_ptr(), self.n, self.k, self.panels.data_ptr())
+        self.bias = None
+        if b is not None:
+            if tuple(b.shape) != (self.n,):
+                raise ValueError(f"bias must have shape ({self.n},), got {tuple(b.shape)}")
+            self.bias = torch.zeros(self.panels.numel() // self.k, dtype=torch.float32)
+            self.bias[: self.n] = b.float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] f32 -> [M, N] f32."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"panel GEMM expects x [M, {self.k}] float32, got {tuple(x.shape)} {x.dtype}")
+        x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if m:
+            self.lib.edgefm_panel_gemm(x.data_ptr(), m, self.k, self.panels.data_ptr(), self.n,
+                                       None if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
+                                       torch.get_num_threads())
+        return y
