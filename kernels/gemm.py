@@ -7,7 +7,9 @@
   onednn  oneDNN with the weight reordered once per M into its blocked layout (fp32, or bf16 on AMX)
   panel   our AVX-512 kernel (panel_gemm.py, fp32 only): 32-column panels packed once for every M,
           the next panel prefetched while one is used; made for decode, where the weights are cold
-``post`` is an elementwise epilogue: "none", "gelu_tanh" (fused by oneDNN, applied after aten/mkl).
+``post`` is an epilogue: "none", "gelu_tanh" (fused by oneDNN, applied after aten/mkl), "silu_glu" (W stacks
+gate over up, [2I, K]; the output is silu(gate) * up [..., I]: fused by the panel kernel, applied after the
+others).
 
 Weights are converted (dtype, concatenation) once at build; ``pages.release_pages`` then asks the kernel
 to drop the resident pages of the memory-mapped source so a converted copy does not double the RSS.
@@ -23,7 +25,7 @@ from . import panel_gemm
 
 
 BACKENDS = ("aten", "mkl", "onednn", "panel")
-POSTS = ("none", "gelu_tanh")
+POSTS = ("none", "gelu_tanh", "silu_glu")
 MAX_PACKED = 4  # packed layouts kept per weight (one per distinct row count M)
 
 
@@ -71,13 +73,18 @@ class Gemm:
             raise ValueError(f"backend {backend!r} runs on CPU, the weight is on {w.device}")
         self.make, self.backend, self.post = make, backend, post
         self.w, self.b = w, b
-        self.out_features, self.dtype = w.shape[0], w.dtype
+        self.dtype = w.dtype
         # MKL's packed GEMM only reads the original weight for another M, which never reaches it
         self._origin = torch.zeros((), dtype=w.dtype).expand(w.shape) if backend == "mkl" else None
         self._packed: dict[int, torch.Tensor] = {}
         self._panel = None
+        if post == "silu_glu" and b is not None:
+            raise ValueError("silu_glu takes a bias-free gate/up weight")
+        self.out_features = out_features(w, post)
         if backend == "panel":  # one layout for every M: pack now, keep only the panels
-            self._panel, self.w, self.b = panel_gemm.PanelWeight(w, b), None, None
+            self._panel = (panel_gemm.PanelGlu(*w.chunk(2)) if post == "silu_glu"
+                           else panel_gemm.PanelWeight(w, b))
+            self.w = self.b = None
 
     def packed(self, m: int) -> torch.Tensor:
         """The layout packed for ``m`` rows; the least recently used of MAX_PACKED is dropped for a new one
@@ -99,21 +106,36 @@ class Gemm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "aten":
-            y = F.linear(x, self.w, self.b)
-            return F.gelu(y, approximate="tanh") if self.post == "gelu_tanh" else y
+            return epilogue(F.linear(x, self.w, self.b), self.post)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         m = x2.shape[0]
-        if self.backend in ("mkl", "panel"):
-            y = (self._panel(x2) if self._panel is not None
-                 else torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m))
-            if self.post == "gelu_tanh":
-                y = F.gelu(y, approximate="tanh")
+        if self.backend == "panel":
+            y = self._panel(x2) if self.post == "silu_glu" else epilogue(self._panel(x2), self.post)  # glu fused
+        elif self.backend == "mkl":
+            y = epilogue(torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m), self.post)
         elif self.post == "gelu_tanh":
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "gelu", [], "tanh")
         else:
-            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "none", [], "")
+            y = epilogue(torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "none", [], ""), self.post)
         return y.view(*lead, self.out_features)
+
+
+def out_features(w: torch.Tensor, post: str) -> int:
+    """Output width of a GEMM with weight ``w`` [N, K] and epilogue ``post``."""
+    if post == "silu_glu" and w.shape[0] % 2:
+        raise ValueError(f"silu_glu takes a [2I, K] gate/up weight, got {tuple(w.shape)}")
+    return w.shape[0] // 2 if post == "silu_glu" else w.shape[0]
+
+
+def epilogue(y: torch.Tensor, post: str) -> torch.Tensor:
+    """``post`` applied to a GEMM output y [..., N] (for paths that do not fuse it)."""
+    if post == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    if post == "silu_glu":
+        gate, up = y.split(y.shape[-1] // 2, dim=-1)
+        return F.silu(gate) * up
+    return y
 
 
 def concat(weights: Sequence[tuple[torch.Tensor, "torch.Tensor | None"]], dtype: torch.dtype):

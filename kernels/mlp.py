@@ -39,7 +39,7 @@ register(Impl("mlp", "ref", lambda spec, params, weights, act: MlpRef(weights, a
 
 
 class MlpFused(nn.Module):
-    """gate/up as one GEMM (SiLU-gated), or fc1 with its GELU-tanh as the GEMM's epilogue, in ``dtype``.
+    """gate/up as one GEMM with SiLU-and-product as its epilogue, or fc1 with its GELU-tanh, in ``dtype``.
 
     ``gemm(make, post)`` makes each GEMM (``gemm.Gemm`` with a backend, or a quantised one); x may
     come in any float dtype: it is cast to ``dtype`` and the output back to x's dtype.
@@ -53,8 +53,7 @@ class MlpFused(nn.Module):
         self.act, self.dtype = act, dtype
         if act == "silu_gated":
             pair = [(w["gate"], None), (w["up"], None)]
-            self.inner = w["gate"].shape[0]
-            self.first = gemm(lambda: concat(pair, dtype), "none")
+            self.first = gemm(lambda: concat(pair, dtype), "silu_glu")
             self.second = gemm(lambda: concat([(w["down"], None)], dtype), "none")
             sources = [w["gate"], w["up"], w["down"]]
         else:
@@ -64,11 +63,7 @@ class MlpFused(nn.Module):
         release_pages([t for t in sources if t is not None])
 
     def forward(self, x):
-        h = self.first(x if x.dtype == self.dtype else x.to(self.dtype))
-        if self.act == "silu_gated":
-            gate, up = h.split(self.inner, dim=-1)
-            h = F.silu(gate) * up
-        y = self.second(h)
+        y = self.second(self.first(x if x.dtype == self.dtype else x.to(self.dtype)))
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
 

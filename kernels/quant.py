@@ -12,9 +12,8 @@ import warnings
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 
-from .gemm import POSTS
+from .gemm import POSTS, epilogue, out_features
 from .linear import LinearGroupFused
 from .mlp import MlpFused
 from .registry import Impl, register
@@ -41,7 +40,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class QGemm:
-    """Quantised ``y = x W^T + b`` (+ optional GELU-tanh): ``make() -> (W fp32, b)``."""
+    """Quantised ``y = x W^T + b`` and its epilogue (gemm.POSTS): ``make() -> (W fp32, b)``."""
 
     def __init__(self, make, post: str, mode: str):
         if mode not in MODES:
@@ -53,7 +52,7 @@ class QGemm:
             # torch's CPU kernel aborts the process (no exception) for other widths
             raise ValueError(f"int8_wo needs in-features divisible by {WO_K_MULTIPLE}, got {w.shape[1]}")
         q, scale = quantize_rows(w)
-        self.mode, self.post, self.out_features = mode, post, w.shape[0]
+        self.mode, self.post, self.out_features = mode, post, out_features(w, post)
         if mode == "int8_dyn":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # quantized tensor creation is deprecated, still the API
@@ -73,9 +72,7 @@ class QGemm:
             y = torch._weight_int8pack_mm(x2.to(torch.bfloat16), self.q, self.scale)
             if self.b is not None:
                 y = y + self.b
-        if self.post == "gelu_tanh":
-            y = F.gelu(y, approximate="tanh")
-        return y.view(*lead, self.out_features)
+        return epilogue(y, self.post).view(*lead, self.out_features)
 
 
 def _xdtype(mode: str) -> torch.dtype:

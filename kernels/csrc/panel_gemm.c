@@ -63,32 +63,80 @@ void edgefm_panel_pack(const float *w, int64_t n, int64_t k, float *p) {
       }
 }
 
-#define ROWS(R) case R: row_block(R, x + m0 * k, k, panel, b, y + m0 * n + q * NR, n, ncols, pf, pf_step); break;
+#define ROWS(R) case R: row_block(R, x + m0 * k, k, panel, bias, y + m0 * ldy, ldy, ncols, pf, pf_step); break;
+
+/* Panel q of p for all m rows: y[:, 0:ncols] (row stride ldy) = x @ panel + bias[0:32] (bias may be NULL).
+ * While it runs, the following panel (the next q, contiguous in p) is prefetched into L2. */
+static void panel_product(const float *x, int64_t m, int64_t k, const float *p, int64_t q, int64_t panels,
+                          const float *bias, float *y, int64_t ldy, int ncols) {
+  const float *panel = p + q * k * NR;
+  const int blocks = (int)((m + MR - 1) / MR);
+  int64_t m0 = 0;
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int left = blocks - blk;  /* rows split evenly over the blocks still to run */
+    const int mr = (int)((m - m0 + left - 1) / left);
+    const char *pf = 0;
+    int64_t pf_step = 0;
+    if (q + 1 < panels) {  /* this block's share of the next panel, one prefetch per k step */
+      pf = (const char *)(panel + k * NR) + (int64_t)blk * k * NR * 4 / blocks;
+      pf_step = NR * 4 / blocks;
+    }
+    switch (mr) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11)
+                  ROWS(12) ROWS(13) }
+    m0 += mr;
+  }
+}
 
 /* y [M, N] = x [M, K] @ W^T + bias. x, y row-major contiguous; p from edgefm_panel_pack (64-byte aligned);
  * bias [ceil(N/32)*32] (padded) or NULL; threads > 0. */
 void edgefm_panel_gemm(const float *x, int64_t m, int64_t k, const float *p, int64_t n, const float *bias,
                        float *y, int threads) {
   const int64_t panels = (n + NR - 1) / NR;
-  const int blocks = (int)((m + MR - 1) / MR);
   #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t q = 0; q < panels; ++q) {
-    const float *panel = p + q * k * NR;
-    const float *b = bias ? bias + q * NR : 0;
-    const int ncols = (int)(n - q * NR < NR ? n - q * NR : NR);
-    int64_t m0 = 0;
-    for (int blk = 0; blk < blocks; ++blk) {
-      const int left = blocks - blk;  /* rows split evenly over the blocks still to run */
-      const int mr = (int)((m - m0 + left - 1) / left);
-      const char *pf = 0;
-      int64_t pf_step = 0;
-      if (q + 1 < panels) {  /* this block's share of the next panel, one prefetch per k step */
-        pf = (const char *)(panel + k * NR) + (int64_t)blk * k * NR * 4 / blocks;
-        pf_step = NR * 4 / blocks;
+  for (int64_t q = 0; q < panels; ++q)
+    panel_product(x, m, k, p, q, panels, bias ? bias + q * NR : 0, y + q * NR, n,
+                  (int)(n - q * NR < NR ? n - q * NR : NR));
+}
+
+/* exp(x) in fp32 to ~1 ulp: x = n ln2 + r (two-part ln2), |r| <= ln2/2, degree-7 Taylor (truncation
+ * < 6e-9 relative), 2^n applied by scalef, which saturates to inf / 0 past the fp32 range. */
+static inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 e = _mm512_set1_ps(1.0f / 5040.0f);
+  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 720.0f));
+  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 120.0f));
+  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 24.0f));
+  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 6.0f));
+  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
+  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
+  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(e, n);
+}
+
+/* h [M, N] = silu(x W_gate^T) * (x W_up^T), the gated MLP's first half in one pass. p holds the gate and up
+ * panels interleaved (gate panel j at 2j, up panel j at 2j+1, as edgefm_panel_pack makes them from each
+ * weight); both panels of a pair run on one thread into tmp [M, 2*ceil(N/32)*32], and that thread forms
+ * its 32 columns of h while they are still in its cache. */
+void edgefm_panel_glu(const float *x, int64_t m, int64_t k, const float *p, int64_t n, float *tmp, float *h,
+                      int threads) {
+  const int64_t pairs = (n + NR - 1) / NR, panels = 2 * pairs, ldt = panels * NR;
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t j = 0; j < pairs; ++j) {
+    const int ncols = (int)(n - j * NR < NR ? n - j * NR : NR);
+    float *g = tmp + 2 * j * NR, *u = g + NR;
+    panel_product(x, m, k, p, 2 * j, panels, 0, g, ldt, NR);
+    panel_product(x, m, k, p, 2 * j + 1, panels, 0, u, ldt, NR);
+    const __mmask16 m0 = ncols >= 16 ? 0xFFFF : (__mmask16)((1u << ncols) - 1);
+    const __mmask16 m1 = ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
+    for (int64_t r = 0; r < m; ++r)
+      for (int v = 0; v < 2; ++v) {
+        const __m512 gv = _mm512_loadu_ps(g + r * ldt + 16 * v), uv = _mm512_loadu_ps(u + r * ldt + 16 * v);
+        const __m512 sig = _mm512_add_ps(_mm512_set1_ps(1.0f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
+        _mm512_mask_storeu_ps(h + r * n + j * NR + 16 * v, v ? m1 : m0, _mm512_mul_ps(_mm512_div_ps(gv, sig), uv));
       }
-      switch (mr) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11)
-                    ROWS(12) ROWS(13) }
-      m0 += mr;
-    }
   }
 }

@@ -107,3 +107,45 @@ def test_native_build_is_cached_and_failures_name_the_compiler_error(tmp_path, m
             native.load("broken")
     finally:
         native._load.cache_clear()
+
+
+@needs_kernel
+@pytest.mark.parametrize("m,i,k", [(50, 2048, 720), (1, 7, 33), (13, 32, 5), (14, 100, 300), (77, 64, 257)])
+def test_panel_glu_matches_float64(m, i, k, gen):
+    """silu(x Wg^T) * (x Wu^T) in one pass, inner widths around the 32-wide panel."""
+    wg = torch.randn(i, k, generator=gen) * (3 / k ** 0.5)  # gate pre-activations over SiLU's curved range
+    wu = torch.randn(i, k, generator=gen) / k ** 0.5
+    x = torch.randn(m, k, generator=gen)
+    h = panel_gemm.PanelGlu(wg, wu)(x)
+    ref = torch.nn.functional.silu(x.double() @ wg.double().t()) * (x.double() @ wu.double().t())
+    assert h.shape == (m, i) and _rel(h, ref) <= FP32
+
+
+@needs_kernel
+def test_panel_silu_is_within_a_few_ulp_over_the_fp32_range(gen):
+    """The kernel's own exp: gate = up = identity, so h = silu(x) * x elementwise; extremes saturate like torch."""
+    x = torch.cat([torch.randn(4000, generator=gen) * 12,
+                   torch.tensor([-200.0, -104.0, -88.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 88.0, 89.0, 1e4])])
+    n = x.numel()
+    eye = torch.eye(n)
+    h = torch.diagonal(panel_gemm.PanelGlu(eye, eye)(torch.diag(x)))
+    ref = torch.nn.functional.silu(x.double()) * x.double()
+    rel = ((h.double() - ref).abs() / ref.abs().clamp_min(1e-30))
+    assert rel.max().item() <= 5e-7  # a few fp32 ulp (2^-23 = 1.2e-7), the product's rounding included
+    assert torch.isfinite(h).all()
+
+
+@needs_kernel
+def test_gemm_silu_glu_epilogue_same_for_every_backend(gen):
+    """The panel kernel fuses silu_glu; the other backends apply it after their GEMM: all agree."""
+    w = torch.randn(2 * 96, 48, generator=gen) / 48 ** 0.5
+    x = torch.randn(50, 48, generator=gen)
+    outs = {bk: gemm.Gemm(lambda: (w.clone(), None), bk, "silu_glu")(x) for bk in ("aten", "mkl", "panel")}
+    gate, up = (x.double() @ w.double().t()).split(96, dim=-1)
+    ref = torch.nn.functional.silu(gate) * up
+    for bk, out in outs.items():
+        assert out.shape == (50, 96) and _rel(out, ref) <= FP32, bk
+    with pytest.raises(ValueError, match="bias-free"):
+        gemm.Gemm(lambda: (w.clone(), torch.zeros(192)), "panel", "silu_glu")
+    with pytest.raises(ValueError, match=r"\[2I, K\]"):
+        gemm.Gemm(lambda: (w[:-1].clone(), None), "aten", "silu_glu")
