@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_rows
 from .registry import Impl, register
 
 
@@ -82,3 +83,28 @@ register(Impl("rms_norm", "fast", lambda spec, params, weight, eps: RmsNormFast(
               doc="reference math, weight in the activations' dtype (bf16 stages stay bf16)"))
 register(Impl("layer_norm", "fast", lambda spec, params, weight, bias, eps: LayerNormFast(weight, bias, eps),
               doc="F.layer_norm with parameters in the activations' dtype"))
+
+
+def avx512_check(spec, params) -> str | None:
+    """``Impl.check`` of the AVX-512 row kernels (cpu_rows.py): an AVX-512 profile and the built library."""
+    if not spec.hw_profile.startswith("cpu_x86_avx512"):
+        return f"the AVX-512 row kernels need an AVX-512 CPU profile, this is {spec.hw_profile!r}"
+    return cpu_rows.unavailable()
+
+
+class RmsNormAvx512(nn.Module):
+    """RMSNorm as one AVX-512 pass per row (cpu_rows.py) in fp32; other activation dtypes are cast in and
+    the result back (exact mode, its target, is fp32 throughout)."""
+
+    def __init__(self, weight, eps: float):
+        super().__init__()
+        self.weight, self.eps = weight.float().contiguous(), eps
+
+    def forward(self, x):
+        if x.dtype == torch.float32:
+            return cpu_rows.rms_norm(x, self.weight, self.eps)
+        return cpu_rows.rms_norm(x.float(), self.weight, self.eps).to(x.dtype)
+
+
+register(Impl("rms_norm", "avx512", lambda spec, params, weight, eps: RmsNormAvx512(weight, eps),
+              check=avx512_check, doc="one AVX-512 pass per row (csrc/cpu_rows.c), fp32"))

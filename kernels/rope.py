@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_rows
+from .norm import avx512_check
 from .registry import Impl, register
 
 
@@ -70,3 +72,23 @@ class RopeFast:
 
 register(Impl("rope", "fast", lambda spec, params, max_wavelength=10_000.0: RopeFast(max_wavelength),
               doc="rotation written into the output halves (2 mul + 2 addcmul), fp32, reference tables"))
+
+
+class RopeAvx512:
+    """The rotation as one AVX-512 pass (cpu_rows.py) reading strided q/k slices, fp32 only; bitwise the
+    reference (each product and sum rounded on its own). Reference tables; other dtypes computed in fp32."""
+
+    def __init__(self, max_wavelength: float = 10_000.0):
+        self.ref = RopeRef(max_wavelength)
+
+    def tables(self, positions: torch.Tensor, head_dim: int):
+        return self.ref.tables(positions, head_dim)
+
+    def __call__(self, x, tables):
+        if x.dtype == torch.float32:
+            return cpu_rows.rope(x, *tables)
+        return cpu_rows.rope(x.float(), *tables).to(x.dtype)
+
+
+register(Impl("rope", "avx512", lambda spec, params, max_wavelength=10_000.0: RopeAvx512(max_wavelength),
+              check=avx512_check, doc="one AVX-512 pass (csrc/cpu_rows.c) over strided q/k, fp32"))

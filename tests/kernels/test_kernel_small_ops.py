@@ -24,10 +24,33 @@ def test_norms(kind, dtype, gen):
             continue
         out = impl.build(spec(kind), params, **operands)(x.to(dtype))
         assert out.dtype == dtype, f"{vid((impl, params))} must keep the activations' dtype"
-        if dtype == torch.float32:
+        if dtype == torch.float32 and impl.impl_id == "avx512":
+            torch.testing.assert_close(out, ref, rtol=5e-7, atol=1e-6)  # its own sum order for mean(x^2)
+        elif dtype == torch.float32:
             torch.testing.assert_close(out, ref, rtol=0, atol=0)  # same operations as the reference
         else:
             assert rel_err(out, ref) <= bound(impl, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rope_avx512_is_the_reference_on_strided_slices(dtype, gen):
+    impl = get_impl("rope", "avx512")
+    if impl.rejects(spec("rope"), {}):
+        pytest.skip(impl.rejects(spec("rope"), {}))
+    ref, fast = get_impl("rope", "ref").build(spec("rope"), {}), impl.build(spec("rope"), {})
+    pos = torch.randint(0, 500, (2, 23), generator=gen)
+    qkv = torch.randn(2, 23, 7 * 40, generator=gen)  # a fused q/k/v output: q and k are strided views
+    tables = ref.tables(pos, 40)
+    for part in (qkv[..., :5 * 40].view(2, 23, 5, 40), qkv[..., 5 * 40:6 * 40].view(2, 23, 1, 40)):
+        expected = ref(part, tables)
+        got = fast(part.to(dtype), tables)
+        assert got.dtype == dtype and got.shape == part.shape
+        if dtype == torch.float32:
+            assert torch.equal(got, expected)  # the same roundings, in the same order
+        else:
+            assert rel_err(got, expected) <= bound(impl, dtype)
+    with pytest.raises(ValueError, match=r"rope tables must be \[B, L, 1, D/2\]"):
+        fast(qkv[..., :80].reshape(2, 23, 2, 40), ref.tables(pos[:, :5], 40))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -130,3 +153,17 @@ def test_packed_layouts_evict_the_least_recently_used(gen):
         torch.testing.assert_close(g(x), x @ w.T, rtol=1e-5, atol=1e-4)
         assert decode_m in g._packed and len(g._packed) <= gemm.MAX_PACKED
     assert 7 not in g._packed  # the oldest prompt length went first
+
+
+@pytest.mark.parametrize("h", [5, 720, 961])
+def test_rms_norm_avx512_any_width(h, gen):
+    """Widths around the 16-lane vector (masked tails) and a bad weight named in the error."""
+    impl = get_impl("rms_norm", "avx512")
+    if impl.rejects(spec("rms_norm"), {}):
+        pytest.skip(impl.rejects(spec("rms_norm"), {}))
+    weight = 1 + 0.1 * torch.randn(h, generator=gen)
+    x = torch.randn(3, 11, h, generator=gen) * 2
+    ref = reference("rms_norm").build(spec("rms_norm"), {}, weight=weight, eps=1e-6)(x)
+    torch.testing.assert_close(impl.build(spec("rms_norm"), {}, weight=weight, eps=1e-6)(x), ref, rtol=5e-7, atol=1e-6)
+    with pytest.raises(ValueError, match=rf"weight must have shape \({h + 1},\)"):
+        impl.build(spec("rms_norm"), {}, weight=weight, eps=1e-6)(torch.randn(2, h + 1))

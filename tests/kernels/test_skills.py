@@ -23,12 +23,12 @@ def write(tmp_path, data, name="s.yaml"):
 
 def test_shipped_skills_validate_and_target_their_devices():
     found = {s.name: s for s in skills.discover()}
-    assert {"cuda-bf16", "cuda-flashinfer", "cuda-triton", "cuda-sm90-fp8", "cpu-panel-gemm"} <= set(found)
+    assert {"cuda-bf16", "cuda-flashinfer", "cuda-triton", "cuda-sm90-fp8", "cpu-avx512-exact"} <= set(found)
     for s in found.values():
         if s.device == "cuda":
             assert s.matches("cuda_sm90") and not s.matches("cpu_x86_avx512_bf16") and s.modes == ("fast",)
-    panel = found["cpu-panel-gemm"]
-    assert panel.modes == ("exact",) and panel.native == ("panel_gemm",)
+    panel = found["cpu-avx512-exact"]
+    assert panel.modes == ("exact",) and panel.native == ("panel_gemm", "cpu_rows")
     assert panel.matches("cpu_x86_avx512_bf16") and panel.matches("cpu_x86_avx512")
     assert not panel.matches("cpu_x86_avx2") and not panel.matches("cuda_sm90")
 
