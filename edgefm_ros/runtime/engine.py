@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from edgefm_kernels.pages import trim_heap
 from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.types import ActionChunk, Observation
 
@@ -122,6 +123,7 @@ class Engine:
                     for part in ("vision", "vlm", "expert")}
         self.decode_graph = None  # graphs.CapturedPhase of decode, made by capture_graphs() on CUDA
         self.weights.file.release()  # resident again only what inference actually reads
+        trim_heap()  # the build's freed weight copies back to the kernel
         self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
         # decode constants: timesteps t_k = 1 + k * dt, their embeddings' share of action_time_mlp_in
         self.dt = -1.0 / cfg.num_steps
