@@ -1,5 +1,6 @@
 """Fixtures shared by the whole suite: repository paths and an isolated ROS 2 domain per worker."""
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,26 @@ def _domain_id() -> int:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     base = int(run[:8], 16) if run else os.getpid()
     return 10 + (base + index) % 90
+
+
+@pytest.fixture
+def spin_in_background():
+    """``start(executor, context, stop=None)``: spin ``executor`` in a daemon thread until ``context`` shuts
+    down (or ``stop`` is set); returns the started thread. The pattern every ROS test needs."""
+    def start(executor, context, stop: threading.Event | None = None) -> threading.Thread:
+        from rclpy.executors import ExternalShutdownException
+
+        def loop():
+            try:
+                while context.ok() and not (stop is not None and stop.is_set()):
+                    executor.spin_once(timeout_sec=0.05)
+            except ExternalShutdownException:
+                pass
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+    return start
 
 
 @pytest.fixture

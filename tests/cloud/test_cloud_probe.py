@@ -148,13 +148,8 @@ def test_dead_and_silent_endpoints_count_as_failures_at_most_once_per_period():
             prober.close()
 
 
-def _spin(ex, ctx, stop: threading.Event):
-    while not stop.is_set() and ctx.ok():
-        ex.spin_once(timeout_sec=0.05)
-
-
 @pytest.mark.parametrize("alive", [True, False], ids=["reachable", "dead"])
-def test_router_node_probes_its_cloud_link(front, tmp_path, ros_domain_id, alive):
+def test_router_node_probes_its_cloud_link(front, tmp_path, ros_domain_id, alive, spin_in_background):
     rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
     try:
         from edgefm_ros.nodes.router_node import RouterNode
@@ -189,8 +184,7 @@ def test_router_node_probes_its_cloud_link(front, tmp_path, ros_domain_id, alive
     ex.add_node(node)
     ex.add_node(peer)
     stop = threading.Event()
-    spinner = threading.Thread(target=_spin, args=(ex, ctx, stop), daemon=True)
-    spinner.start()
+    spinner = spin_in_background(ex, ctx, stop)
     try:
         end = time.monotonic() + 15
         done = (lambda: decisions and not decisions[-1].guard_active) if alive else \

@@ -1,15 +1,14 @@
 """scene_query_node over ROS: camera frame + question in, streamed partial answers and the final answer out."""
-import threading
 import time
 
 import numpy as np
 import pytest
 
 
-def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id):
+def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id, spin_in_background):
     rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
     from rclpy.context import Context
-    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image
     from std_msgs.msg import String
@@ -33,16 +32,7 @@ def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id):
     ex = MultiThreadedExecutor(context=ctx)
     ex.add_node(node)
     ex.add_node(peer)
-
-    def spin():
-        try:
-            while ctx.ok():
-                ex.spin_once(timeout_sec=0.05)
-        except ExternalShutdownException:
-            pass
-
-    spinner = threading.Thread(target=spin, daemon=True)
-    spinner.start()
+    spinner = spin_in_background(ex, ctx)
     rgb = np.random.default_rng().integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
     try:
         bad = Image(height=48, width=64, encoding="rgb8", step=10, data=bytes(100))  # malformed: ignored

@@ -194,11 +194,11 @@ def test_stalled_stream_is_abandoned_at_its_deadline_and_counted_as_a_failure(se
 
 
 def test_node_streams_cloud_answers_then_falls_back_when_the_server_dies_mid_answer(server, local, tmp_path, rng,
-                                                                            ros_domain_id):
+                                                                            ros_domain_id, spin_in_background):
     rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.context import Context
-    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+    from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image
     from std_msgs.msg import String
@@ -243,21 +243,13 @@ def test_node_streams_cloud_answers_then_falls_back_when_the_server_dies_mid_ans
     ex.add_node(node)
     ex.add_node(peer)
 
-    def spin():
-        try:
-            while ctx.ok():
-                ex.spin_once(timeout_sec=0.05)
-        except ExternalShutdownException:
-            pass
-
     def wait_for(cond, what: str, limit_s: float = 30.0):
         end = time.monotonic() + limit_s
         while not cond() and time.monotonic() < end:
             time.sleep(0.05)
         assert cond(), f"{what} within {limit_s} s"
 
-    spinner = threading.Thread(target=spin, daemon=True)
-    spinner.start()
+    spinner = spin_in_background(ex, ctx)
     rgb = rng.integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
     img = Image(height=48, width=64, encoding="rgb8", step=64 * 3, data=rgb.tobytes())
     q1, q2 = (str(q) for q in rng.choice(QUESTIONS, size=2, replace=False))

@@ -1,7 +1,6 @@
 """edgefm-bag: synthetic bags (content and rates), play -> record round trip of the raw CDR bytes."""
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -48,10 +47,10 @@ def test_made_bag_has_the_streams_at_their_rates(ros, tmp_path, storage):
     assert np.abs(raw["/camera1/image_raw"][3].astype(int) - jpg["/camera1/image_raw/compressed"][3]).mean() < 12
 
 
-def test_play_publishes_the_stored_bytes_and_record_writes_them(ros, tmp_path, ros_domain_id):
+def test_play_publishes_the_stored_bytes_and_record_writes_them(ros, tmp_path, ros_domain_id, spin_in_background):
     import rclpy
     from rclpy.context import Context
-    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.executors import SingleThreadedExecutor
     from rosbags.rosbag2 import Reader
 
     from edgefm_ros.tools.bag.make import MakeConfig, make_bag
@@ -68,18 +67,11 @@ def test_play_publishes_the_stored_bytes_and_record_writes_them(ros, tmp_path, r
     topics = ("/joint_states", "/camera1/image_raw/compressed", "/instruction")
     rec = Recorder(node, RecordConfig(str(tmp_path / "rec"), topics))
 
-    def spin_until_shutdown():
-        try:
-            while ctx.ok():
-                ex.spin_once(timeout_sec=0.05)
-        except ExternalShutdownException:
-            pass
-
-    spin = threading.Thread(target=spin_until_shutdown, daemon=True)
+    spin = None
     try:
         player = Player(node, PlayConfig(src, rate=2.0, restamp=False, topics=topics,
                                          remap={"/joint_states": "/joint_states"}))
-        spin.start()
+        spin = spin_in_background(ex, ctx)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and len(rec.counts) < len(topics):
             time.sleep(0.05)  # the recorder subscribes once it sees the player's publishers
@@ -91,7 +83,8 @@ def test_play_publishes_the_stored_bytes_and_record_writes_them(ros, tmp_path, r
     finally:
         rec.close()
         ctx.try_shutdown()
-        spin.join(2)
+        if spin is not None:
+            spin.join(2)
     assert 0.4 < took < 0.9, f"1 s bag at rate 2 took {took:.2f} s"
 
     def by_topic(path):

@@ -2,7 +2,6 @@
 parameter validation."""
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -22,25 +21,6 @@ def ctx(ros, ros_domain_id):
     c.try_shutdown()
 
 
-def _spin(ctx, *nodes):
-    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-
-    ex = SingleThreadedExecutor(context=ctx)
-    for n in nodes:
-        ex.add_node(n)
-
-    def loop():
-        try:
-            while ctx.ok():
-                ex.spin_once(timeout_sec=0.05)
-        except ExternalShutdownException:
-            pass
-
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
-    return ex
-
-
 def _params(**kw):
     from rclpy.parameter import Parameter
 
@@ -54,7 +34,7 @@ def _wait(pred, timeout=5.0):
     return pred()
 
 
-def test_action_node_lifecycle_holds_on_deactivate(ctx):
+def test_action_node_lifecycle_holds_on_deactivate(ctx, spin_in_background):
     from rclpy.lifecycle import TransitionCallbackReturn as R
     from sensor_msgs.msg import JointState
 
@@ -72,7 +52,12 @@ def test_action_node_lifecycle_holds_on_deactivate(ctx):
     probe.create_subscription(JointState, "/cmd", cmds.append, qos.RELIABLE)
     probe.create_subscription(DiagnosticArray, "/diagnostics", lambda m: diags.append(m.status[0]), qos.DIAGNOSTICS)
     chunk_pub = probe.create_publisher(ActionChunk, "edgefm/action_chunk", qos.RELIABLE)
-    _spin(ctx, node, probe)
+    from rclpy.executors import SingleThreadedExecutor
+
+    ex = SingleThreadedExecutor(context=ctx)
+    ex.add_node(node)
+    ex.add_node(probe)
+    spin_in_background(ex, ctx)
     try:
         assert node.trigger_configure() == R.SUCCESS
         assert node.trigger_activate() == R.SUCCESS
