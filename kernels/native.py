@@ -68,21 +68,31 @@ def _build_and_open(name: str) -> ctypes.CDLL:
     key = hashlib.sha256("\0".join([src.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            r = subprocess.run([cc, *FLAGS, str(src), "-o", tmp], capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                raise NativeError(f"building {src.name} with {cc} failed: {r.stderr.strip()[-800:]}")
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        _build(cc, src, out)
     try:
         return ctypes.CDLL(str(out))
     except OSError as e:
         raise NativeError(f"cannot load {out}: {e}") from None
+
+
+def _build(cc: str, src: Path, out: Path) -> None:
+    """Compile ``src`` into ``out`` through a temporary file in the same folder, renamed when complete."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+    except OSError as e:
+        raise NativeError(f"cannot write the kernel cache {out.parent} (set EDGEFM_CACHE_DIR): {e}") from None
+    try:
+        r = subprocess.run([cc, *FLAGS, str(src), "-o", tmp], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise NativeError(f"building {src.name} with {cc} failed: {r.stderr.strip()[-800:]}")
+        os.replace(tmp, out)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeError(f"building {src.name} with {cc} failed: {e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def unavailable(name: str) -> str | None:
