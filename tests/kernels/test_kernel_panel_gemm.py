@@ -103,12 +103,12 @@ def test_native_build_is_cached_and_failures_name_the_compiler_error(tmp_path, m
         why = native.unavailable("broken")
         assert why and "broken.c" in why and "undeclared_name" in why
         assert "no kernel source" in native.unavailable("missing")
+        with pytest.raises(native.NativeError, match="undeclared_name"):
+            native.load("broken")
         (tmp_path / "not_a_dir").write_text("")
         monkeypatch.setenv("EDGEFM_CACHE_DIR", str(tmp_path / "not_a_dir"))
         native._load.cache_clear()
         assert "cannot write the kernel cache" in native.unavailable("good")  # reported, never raised
-        with pytest.raises(native.NativeError, match="undeclared_name"):
-            native.load("broken")
     finally:
         native._load.cache_clear()
 
