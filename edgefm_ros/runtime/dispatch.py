@@ -194,17 +194,29 @@ class OpResolver:
     """What models call to get their kernels: resolves every op once, when the model is built.
 
     ``stage_of(layer_role)`` maps a role to its phase, so models never name phases themselves.
+    ``fallback``: the tables without the tuned one. A tuned table is a record of measurements on some
+    machine, not an instruction: where its record cannot serve here (a compiled kernel that does not
+    build, another CPU), the op resolves without it and the reason is kept in ``overruled``. Records of
+    built-in and user tables stay build-time errors.
     """
 
-    def __init__(self, table: Table, hw_profile: str, model: str, stage_of):
+    def __init__(self, table: Table, hw_profile: str, model: str, stage_of, fallback: Table | None = None):
         self.table, self.hw_profile, self.model, self.stage_of = table, hw_profile, model, stage_of
+        self.fallback = fallback  # ``table`` without its machine-made (tuned) part, or None
         self.resolved: list[Resolved] = []
+        self.overruled: list[str] = []  # tuned records that could not serve here, and why
 
     def build(self, op_kind: str, op_name: str, layer_role: str, shape_sig: str,
               dims: Mapping[str, int] | None = None, **operands):
         spec = OpSpec(op_kind=op_kind, op_name=op_name, layer_role=layer_role, stage=self.stage_of(layer_role),
                       shape_sig=shape_sig, hw_profile=self.hw_profile, model=self.model, dims=dict(dims or {}))
-        r = self.table.resolve(spec)
+        try:
+            r = self.table.resolve(spec)
+        except DispatchError as e:
+            if self.fallback is None:
+                raise
+            r = self.fallback.resolve(spec)  # the same error again when the record was not the tuned one's
+            self.overruled.append(f"{op_name}: {e}")
         self.resolved.append(r)
         try:
             return r.impl.build(spec, dict(r.record.impl_params), **operands)

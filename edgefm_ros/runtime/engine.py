@@ -12,6 +12,7 @@ decode: ``num_steps`` Euler steps of the action expert; the time embeddings and 
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from .dispatch import OpResolver, Table, builtin_tables
 from .hardware import Hardware, detect
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
 
+log = logging.getLogger(__name__)
 MODES = ("exact", "fast", "reference")
 PREFILL_ROLES = ("vision", "connector", "vlm", "state_proj", "expert_cross_kv")
 
@@ -112,12 +114,16 @@ class Engine:
             tables.append(tuned)
         tables += [Path(t) for t in config.tables]
         self.table_files = tables
-        self.resolver = OpResolver(Table.from_files(tables), hardware.profile, "smolvla", stage_of)
+        untuned = Table.from_files([t for t in tables if t != tuned]) if tuned in tables else None
+        self.resolver = OpResolver(Table.from_files(tables), hardware.profile, "smolvla", stage_of, untuned)
         self.device = torch.device(config.device)
         self.weights = ckpt.weights(self.device)  # on CPU: the file mapping the fp32 weights are views of
         with torch.no_grad():
             self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, self.weights).eval()
         self.weights.check_all_used()
+        if self.resolver.overruled:
+            log.warning("tuned table %s: %d record(s) cannot serve on this machine, built without them; first: %s",
+                        tuned, len(self.resolver.overruled), self.resolver.overruled[0])
         # activation dtype of each part (cast records: fp32 in exact mode, bf16 in fast mode where it pays)
         self.act = {part: self.resolver.build("cast", f"{part}.activations", f"{part}_act", "")
                     for part in ("vision", "vlm", "expert")}

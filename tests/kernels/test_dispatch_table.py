@@ -100,6 +100,28 @@ def test_rejected_impl_is_a_build_error_not_a_fallback():
         table({"op_kind": "linear", "impl_id": "fused", "impl_params": {"blocks": 4}}).resolve(S())
 
 
+def test_a_tuned_record_that_cannot_serve_here_is_overruled_not_fatal():
+    """The tuned table is measurements from some machine: a record of it that rejects this hardware gives
+    way to the untuned tables (reason kept); the same record from a built-in or user table stays an error."""
+    import torch
+
+    base = [{"op_kind": "linear", "impl_id": "ref"}]
+    tuned = {"op_kind": "linear", "layer_role": "vlm_qkv", "impl_id": "fused", "impl_params": {"backend": "mkl"}}
+    stage = lambda role: "prefill"  # noqa: E731
+    w = [(torch.randn(8, 4), None)]
+    res = OpResolver(table(*base, tuned), "cuda_sm90", "smolvla", stage, fallback=table(*base))
+    kern = res.linear("vlm.layers.0.qkv", "vlm_qkv", w)
+    assert kern(torch.randn(2, 4)).shape == (2, 8)
+    (row,) = res.plan_rows()
+    assert row["impl_id"] == "ref" and len(res.overruled) == 1 and "mkl" in res.overruled[0]
+    with pytest.raises(DispatchError, match="mkl"):
+        OpResolver(table(*base, tuned), "cuda_sm90", "smolvla", stage).linear("vlm.layers.0.qkv", "vlm_qkv", w)
+    bad_base = [{"op_kind": "linear", "impl_id": "fused", "impl_params": {"backend": "mkl"}}]
+    with pytest.raises(DispatchError, match="mkl"):  # the fallback's own record rejects too: its error
+        OpResolver(table(*bad_base, tuned), "cuda_sm90", "smolvla", stage,
+                   fallback=table(*bad_base)).linear("vlm.layers.0.qkv", "vlm_qkv", w)
+
+
 def test_resolver_builds_once_and_records_the_plan():
     import torch
 

@@ -123,3 +123,28 @@ def test_make_checkpoint_roundtrip(tmp_path):
     engine = Engine.from_checkpoint(a)
     chunk = engine.predict(engine.synthetic_observation(1))
     assert chunk.actions.shape == (50, 6) and np.isfinite(chunk.actions).all()
+
+
+def test_fast_engine_builds_past_a_tuned_record_this_machine_cannot_run(tiny, tmp_path, monkeypatch, caplog):
+    """A tuned table made elsewhere (here: a GPU kernel for a CPU op) is overruled op by op, with a warning;
+    the engine still builds and predicts, and the plan shows what served instead."""
+    import logging
+
+    import yaml
+
+    from edgefm_ros.runtime import engine as engine_mod
+    from edgefm_ros.runtime.hardware import detect
+
+    profile = detect("cpu").profile
+    tuned = tmp_path / f"{profile}.yaml"
+    tuned.write_text(yaml.safe_dump({"records": [
+        {"hw_profile": profile, "op_kind": "attention", "layer_role": "expert_cross_attn", "impl_id": "flashinfer"}]}))
+    monkeypatch.setattr(engine_mod, "tuned_table_path", lambda hw: tuned)
+    with caplog.at_level(logging.WARNING, logger="edgefm_ros.runtime.engine"):
+        eng = engine_mod.Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="fast")
+    assert tuned in eng.table_files and eng.resolver.overruled
+    assert all("flashinfer" in why for why in eng.resolver.overruled)
+    assert "cannot serve on this machine" in caplog.text
+    rows = [r for r in eng.plan() if r["layer_role"] == "expert_cross_attn"]
+    assert rows and all(r["impl_id"] != "flashinfer" and tuned.name not in r["record"] for r in rows)
+    assert torch.isfinite(torch.as_tensor(eng.predict(eng.synthetic_observation()).actions)).all()
