@@ -102,4 +102,11 @@ step "colcon build"
     || { tail -n 60 "$ROOT/log/setup_colcon_build.log" >&2; echo "setup: colcon build failed (log/setup_colcon_build.log)" >&2; exit 1; }
 )
 
+step "compiled CPU kernels (kernels/csrc, into the cache; a failure only means torch/MKL paths are used)"
+"$VENV/bin/python" - <<'PY'
+from edgefm_kernels import cpu_rows, panel_gemm
+for name, why in (("panel_gemm", panel_gemm.unavailable()), ("cpu_rows", cpu_rows.unavailable())):
+    print(f"  {name}: {'ready' if why is None else 'not used: ' + why}")
+PY
+
 step "done in $((SECONDS - START)) s: source scripts/env.sh, then scripts/test.sh"
