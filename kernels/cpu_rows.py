@@ -17,24 +17,20 @@ from . import native
 NAME = "cpu_rows"
 
 
+_I64, _PTR, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+SIGNATURES = {
+    "edgefm_rms_norm": ([_PTR, _PTR, _I64, _I64, ctypes.c_float, _PTR, _I32], None),
+    "edgefm_rope": ([_PTR] + [_I64] * 7 + [_PTR, _PTR, _PTR, _I32], None),
+}
+
+
 def unavailable() -> str | None:
     """Why these kernels cannot run on this machine, or None."""
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap != "AVX512":
-        return f"the AVX-512 row kernels need AVX-512 (torch reports CPU capability {cap!r})"
-    return native.unavailable(NAME)
+    return native.avx512_unavailable(NAME)
 
 
 def _lib():
-    lib = native.load(NAME)
-    if not getattr(lib, "_edgefm_typed", False):
-        i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-        lib.edgefm_rms_norm.argtypes = [ptr, ptr, i64, i64, ctypes.c_float, ptr, i32]
-        lib.edgefm_rms_norm.restype = None
-        lib.edgefm_rope.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, i32]
-        lib.edgefm_rope.restype = None
-        lib._edgefm_typed = True
-    return lib
+    return native.bind(NAME, SIGNATURES)
 
 
 def _fp32(name: str, t: torch.Tensor) -> None:

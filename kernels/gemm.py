@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from . import panel_gemm
+from . import native, panel_gemm
 
 
 BACKENDS = ("aten", "mkl", "onednn", "panel")
@@ -50,7 +50,7 @@ def backend_check(dtype: torch.dtype):
         if backend != "aten" and not spec.hw_profile.startswith("cpu"):
             return f"backend {backend!r} is a CPU GEMM, this is {spec.hw_profile!r}"
         if backend == "panel" and not spec.hw_profile.startswith("cpu_x86_avx512"):
-            return f"the panel GEMM needs an AVX-512 profile, this is {spec.hw_profile!r}"
+            return native.avx512_check(panel_gemm.NAME)(spec, params)
         return backend_rejects(backend, dtype)
     return check
 

@@ -3,6 +3,10 @@ loaded with ctypes (which releases the GIL for the call).
 
     lib = native.load("panel_gemm")      # ctypes.CDLL, or raises NativeError saying why
     native.unavailable("panel_gemm")     # the same reason as a string, or None
+    lib = native.bind("panel_gemm", {"fn": ([argtypes], restype)})   # load + C signatures, set once
+    native.avx512_unavailable(name)      # unavailable(), after checking the running CPU has AVX-512
+    native.avx512_check(name)            # an ``Impl.check`` for impls built on the kernel
+    native.build_all()                   # {name: reason | None} for every csrc/*.c (set-up warms the cache)
 
 The shared object lives in ``$EDGEFM_CACHE_DIR`` (default ``~/.cache/edgefm_ros``) under a name that
 hashes the source, the flags and the compiler, so an edited kernel or another compiler rebuilds it; the
@@ -19,6 +23,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+import torch
 
 SRC_DIR = Path(__file__).resolve().parent / "csrc"
 # AVX-512 F/VL/DQ + FMA only: the library runs on any AVX-512 x86 CPU, not just the one that built it
@@ -99,3 +105,35 @@ def unavailable(name: str) -> str | None:
     """Why ``load(name)`` fails here, or None when it works."""
     lib = _load(name)
     return str(lib) if isinstance(lib, NativeError) else None
+
+
+def bind(name: str, signatures: dict) -> ctypes.CDLL:
+    """``load(name)`` with the C signatures ``{function: ([argtypes], restype)}`` set (once per library)."""
+    lib = load(name)
+    if not getattr(lib, "_edgefm_bound", False):
+        for fn, (args, res) in signatures.items():
+            getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, res
+        lib._edgefm_bound = True
+    return lib
+
+
+def avx512_unavailable(name: str) -> str | None:
+    """Why kernel ``name`` (built with -mavx512f) cannot run on this CPU, or None."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap != "AVX512":
+        return f"{name} needs AVX-512 (torch reports CPU capability {cap!r})"
+    return unavailable(name)
+
+
+def avx512_check(name: str):
+    """``Impl.check`` for impls built on kernel ``name``: an AVX-512 profile and the library loading here."""
+    def check(spec, params) -> str | None:
+        if not spec.hw_profile.startswith("cpu_x86_avx512"):
+            return f"{name} needs an AVX-512 CPU profile, this is {spec.hw_profile!r}"
+        return avx512_unavailable(name)
+    return check
+
+
+def build_all() -> dict[str, str | None]:
+    """Build (or find in the cache) every ``csrc/*.c``: {name: why it is unavailable, or None}."""
+    return {src.stem: unavailable(src.stem) for src in sorted(SRC_DIR.glob("*.c"))}

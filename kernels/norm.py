@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_rows
+from . import cpu_rows, native
 from .registry import Impl, register
 
 
@@ -85,13 +85,6 @@ register(Impl("layer_norm", "fast", lambda spec, params, weight, bias, eps: Laye
               doc="F.layer_norm with parameters in the activations' dtype"))
 
 
-def avx512_check(spec, params) -> str | None:
-    """``Impl.check`` of the AVX-512 row kernels (cpu_rows.py): an AVX-512 profile and the built library."""
-    if not spec.hw_profile.startswith("cpu_x86_avx512"):
-        return f"the AVX-512 row kernels need an AVX-512 CPU profile, this is {spec.hw_profile!r}"
-    return cpu_rows.unavailable()
-
-
 class RmsNormAvx512(nn.Module):
     """RMSNorm as one AVX-512 pass per row (cpu_rows.py) in fp32; other activation dtypes are cast in and
     the result back (exact mode, its target, is fp32 throughout)."""
@@ -107,4 +100,4 @@ class RmsNormAvx512(nn.Module):
 
 
 register(Impl("rms_norm", "avx512", lambda spec, params, weight, eps: RmsNormAvx512(weight, eps),
-              check=avx512_check, doc="one AVX-512 pass per row (csrc/cpu_rows.c), fp32"))
+              check=native.avx512_check(cpu_rows.NAME), doc="one AVX-512 pass per row (csrc/cpu_rows.c), fp32"))

@@ -18,26 +18,23 @@ NAME = "panel_gemm"
 PANEL = 32
 
 
+SIGNATURES = {
+    "edgefm_panel_size": ([ctypes.c_int64] * 2, ctypes.c_int64),
+    "edgefm_panel_pack": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p], None),
+    "edgefm_panel_gemm": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int], None),
+    "edgefm_panel_glu": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int], None),
+}
+
+
 def unavailable() -> str | None:
     """Why the panel GEMM cannot run on this machine, or None."""
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap not in ("AVX512",):
-        return f"the panel GEMM needs AVX-512 (torch reports CPU capability {cap!r})"
-    return native.unavailable(NAME)
+    return native.avx512_unavailable(NAME)
 
 
 def _lib():
-    lib = native.load(NAME)
-    if not getattr(lib, "_edgefm_typed", False):
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.edgefm_panel_size.argtypes, lib.edgefm_panel_size.restype = [i64, i64], i64
-        lib.edgefm_panel_pack.argtypes, lib.edgefm_panel_pack.restype = [ptr, i64, i64, ptr], None
-        lib.edgefm_panel_gemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
-        lib.edgefm_panel_gemm.restype = None
-        lib.edgefm_panel_glu.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
-        lib.edgefm_panel_glu.restype = None
-        lib._edgefm_typed = True
-    return lib
+    return native.bind(NAME, SIGNATURES)
 
 
 def _check_weight(w: torch.Tensor) -> None:

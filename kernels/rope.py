@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_rows
-from .norm import avx512_check
+from . import cpu_rows, native
 from .registry import Impl, register
 
 
@@ -91,4 +90,4 @@ class RopeAvx512:
 
 
 register(Impl("rope", "avx512", lambda spec, params, max_wavelength=10_000.0: RopeAvx512(max_wavelength),
-              check=avx512_check, doc="one AVX-512 pass (csrc/cpu_rows.c) over strided q/k, fp32"))
+              check=native.avx512_check(cpu_rows.NAME), doc="one AVX-512 pass (csrc/cpu_rows.c) over strided q/k, fp32"))

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, Gemm, backend_check, concat, gemm_factory
+from .gemm import BACKENDS, Gemm, backend_check, concat
 from .pages import release_pages
 from .registry import Impl, register
 

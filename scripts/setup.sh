@@ -104,8 +104,8 @@ step "colcon build"
 
 step "compiled CPU kernels (kernels/csrc, into the cache; a failure only means torch/MKL paths are used)"
 "$VENV/bin/python" - <<'PY'
-from edgefm_kernels import cpu_rows, panel_gemm
-for name, why in (("panel_gemm", panel_gemm.unavailable()), ("cpu_rows", cpu_rows.unavailable())):
+from edgefm_kernels import native
+for name, why in native.build_all().items():
     print(f"  {name}: {'ready' if why is None else 'not used: ' + why}")
 PY
 

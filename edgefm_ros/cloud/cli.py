@@ -13,9 +13,8 @@ import logging
 import os
 import sys
 
+from edgefm_ros.cloud.client_base import TOKEN_ENV
 from edgefm_ros.cloud.serving import ServeConfig
-
-TOKEN_ENV = "EDGEFM_CLOUD_TOKEN"
 
 
 def _parser() -> argparse.ArgumentParser:

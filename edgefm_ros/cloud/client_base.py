@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +62,18 @@ def check_client_config(cfg) -> None:
         raise ValueError(f"{name}.latency_alpha must be in (0, 1], got {cfg.latency_alpha!r}")
     if cfg.threads < 1:
         raise ValueError(f"{name}.threads must be >= 1, got {cfg.threads!r}")
+
+
+TOKEN_ENV = "EDGEFM_CLOUD_TOKEN"
+
+
+def read_token(token_file: str = "") -> str | None:
+    """The endpoint's bearer token: ``token_file``'s content, else $EDGEFM_CLOUD_TOKEN (None: no token).
+    An unreadable file raises OSError."""
+    if token_file:
+        with open(os.path.expanduser(token_file)) as f:
+            return f.read().strip() or None
+    return os.environ.get(TOKEN_ENV) or None
 
 
 def measure(ex, server_s: float) -> tuple[float, float]:

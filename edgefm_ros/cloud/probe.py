@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from edgefm_ros.cloud.client_base import measure
 from edgefm_ros.cloud.transport import Call, HttpTransport
 
 PROBE_PATH = "/edgefm/probe"
@@ -76,8 +77,7 @@ def probe_link(transport: HttpTransport, nbytes: int, timeout_s: float, call: Ca
         kind = "server_error" if ex.status >= 500 else "rejected"
         return ProbeResult(False, ex.sent_bytes, math.nan, math.nan, ex.total_s,
                            f"{kind}: {ex.status} {ex.body[:120].decode('utf-8', 'replace')}")
-    rtt = ex.tcp_rtt_s if ex.tcp_rtt_s is not None else max(ex.head_s - ex.send_s, 0.0)
-    upload = max(ex.head_s - rtt, ex.send_s, 1e-6)
+    upload, rtt = measure(ex, 0.0)  # nginx's sink answers at once: no server time
     return ProbeResult(True, ex.sent_bytes, upload, rtt, ex.total_s)
 
 

@@ -46,7 +46,6 @@ def limits_for(spec, cfg: RuntimeConfig) -> RequestLimits:
 
 class EdgeFMRuntime(EngineRuntime):
     config_type = RuntimeConfig
-    engine_thread_name, decode_thread_name = "edgefm-engine", "edgefm-decode"
     _build = staticmethod(build_engine)
 
     def _loaded(self, load_s: float) -> None:

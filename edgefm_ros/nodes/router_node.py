@@ -19,7 +19,6 @@ quality is read from the quantisation tables.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections import deque
@@ -134,16 +133,14 @@ def make_prober(cfg: RouterNodeConfig, link):
     """Link probes of ``cloud_url`` feeding ``link`` (None without cloud_url or with probe_period_s 0)."""
     if not cfg.cloud_url or cfg.probe_period_s <= 0:
         return None
+    from edgefm_ros.cloud.client_base import read_token
     from edgefm_ros.cloud.probe import ProbeConfig
     from edgefm_ros.cloud.probe import make_prober as make
 
-    token = os.environ.get("EDGEFM_CLOUD_TOKEN") or None
-    if cfg.cloud_token_file:
-        try:
-            with open(os.path.expanduser(cfg.cloud_token_file)) as f:
-                token = f.read().strip() or None
-        except OSError as e:
-            raise ValueError(f"cloud_token_file {cfg.cloud_token_file!r} cannot be read: {e}") from None
+    try:
+        token = read_token(cfg.cloud_token_file)
+    except OSError as e:
+        raise ValueError(f"cloud_token_file {cfg.cloud_token_file!r} cannot be read: {e}") from None
     return make(cfg.cloud_url, token, link, ProbeConfig(period_s=cfg.probe_period_s, nbytes=cfg.probe_bytes),
                 cfg.cloud_ca_file or None)
 

@@ -26,7 +26,6 @@ wait in a short queue (oldest dropped). Malformed messages are counted and ignor
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 
 from edgefm_ros.cloud.client import CloudError
+from edgefm_ros.cloud.client_base import TOKEN_ENV, read_token
 from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.cloud.vqa_protocol import vqa_messages
 from edgefm_ros.ros import diagnostics as diag
@@ -48,7 +48,6 @@ from edgefm_ros.ros.spin import run_node
 from edgefm_ros.ros.worker import RequestQueue, Worker
 
 NODE_NAME = "scene_query_node"
-TOKEN_ENV = "EDGEFM_CLOUD_TOKEN"
 
 PARAMS = (
     ParamSpec("model_dir", "str", "", "transformers directory of SmolVLM2 (or SmolLM2: text only)."),
@@ -245,14 +244,6 @@ def load_engine(cfg: SceneQueryConfig):
     return engine
 
 
-def read_token(token_file: str) -> str | None:
-    """The bearer token: the file's content, else $EDGEFM_CLOUD_TOKEN (None: no token)."""
-    if token_file:
-        with open(os.path.expanduser(token_file)) as f:
-            return f.read().strip() or None
-    return os.environ.get(TOKEN_ENV) or None
-
-
 def make_cloud_client(cfg: SceneQueryConfig, link=None):
     """The cloud scene-question client when ``cloud_url`` is set, else None; the bearer token comes
     from ``cloud_token_file``, else $EDGEFM_CLOUD_TOKEN."""
@@ -432,7 +423,8 @@ class SceneQueryNode(LifecycleNode):
             return
         values: dict[str, object] = {"state": "active" if self._worker is not None else "inactive",
                                      "answered": self.answered, "failed": self.failed,
-                                     "bad_messages": self.bad_messages, "queued": len(self._questions)}
+                                     "bad_messages": self.bad_messages, "queued": len(self._questions),
+                                     "dropped_questions": self._questions.dropped}
         with self._counts_lock:
             values.update(sorted(self.counts.items()))
         if self._cloud is not None and hasattr(self._cloud, "stats"):

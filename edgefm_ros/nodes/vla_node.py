@@ -68,10 +68,11 @@ def make_remote_policy(cfg: VlaNodeConfig, logger, link=None):
         return None
     try:
         from edgefm_ros.cloud.client import CloudPolicy
+        from edgefm_ros.cloud.client_base import read_token
     except ImportError as e:
         logger.warning(f"cloud_url set but no cloud client is available ({e}); edge only")
         return None
-    return CloudPolicy(cfg.cloud_url, os.environ.get("EDGEFM_CLOUD_TOKEN") or None, link=link,
+    return CloudPolicy(cfg.cloud_url, read_token(), link=link,
                        joint_names=cfg.action_names)
 
 

@@ -21,7 +21,6 @@ from typing import Callable, Sequence
 import torch
 
 from ..generate import Generation, GenerationError, LlmEngine, SamplingConfig, _Stream, causal_mask, run_layers
-from ..generate import sampling_probs
 from ..kv_cache import StaticKVCache
 from .draft import DraftHead
 from .sampling import accept_among, draw, target_dist
@@ -69,8 +68,7 @@ class SpeculativeDecoder:
 
     def _draft_dist(self, logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
         """Draft logits [Vd] -> its sampling distribution over the target vocabulary [V]."""
-        q = sampling_probs(logits, s)
-        q = q / q.sum()
+        q = target_dist(logits, s)  # sampled decoding only reaches here
         return torch.zeros(self.draft.cfg.target_vocab).index_copy_(0, self.draft.d2t, q)
 
     def _propose(self, tokens: Sequence[int], feats: torch.Tensor, start: int, s: SamplingConfig,

@@ -154,13 +154,12 @@ def _rank_table(rank_accept) -> tuple[tuple[float, ...], ...]:
     return table
 
 
-def tree_mask(tree: TreeShape, prefix: int, key_valid: torch.Tensor | None = None) -> torch.Tensor:
+def tree_mask(tree: TreeShape, prefix: int) -> torch.Tensor:
     """Target mask for verifying the tree at slots [prefix, prefix + m + 1): bool [1, m + 1, prefix + m + 1].
 
-    Each node sees slots [0, prefix) (those with ``key_valid`` [prefix] True, when given) and its
-    ancestors and itself among the tree slots."""
+    Each node sees slots [0, prefix) and its ancestors and itself among the tree slots."""
     n = tree.size + 1
-    past = torch.ones(n, prefix, dtype=torch.bool) if key_valid is None else key_valid[None, :prefix].expand(n, -1)
+    past = torch.ones(n, prefix, dtype=torch.bool)
     return torch.cat([past, tree.ancestors], dim=1)[None]
 
 
