@@ -63,6 +63,7 @@ class ActionNode(LifecycleNode):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._active = False
+        self._realtime = False  # the control thread runs SCHED_FIFO (realtime_priority applied)
         self._holding_reason = "not active"
         self._bad_chunks: list[str] = []
         self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
@@ -156,8 +157,7 @@ class ActionNode(LifecycleNode):
 
     def _control_loop(self) -> None:
         c = self.cfg
-        if c.realtime_priority > 0:
-            self._set_realtime(c.realtime_priority, "control thread")
+        self._realtime = c.realtime_priority > 0 and self._set_realtime(c.realtime_priority, "control thread")
         ticker = Ticker(c.period, c.spin_s)
         self.core.start(self._now())  # tick k is due at ticker.start + k * period = grid.origin + k * period (ROS)
         while not self._stop.is_set():
@@ -178,12 +178,14 @@ class ActionNode(LifecycleNode):
             self.ticks.record(now_mono, tick.deadline, tick.missed)
             self._holding_reason = "queue empty" if cmd.holding else ""
 
-    def _set_realtime(self, priority: int, what: str) -> None:
-        """SCHED_FIFO for the calling thread; a warning (and normal scheduling) when not permitted."""
+    def _set_realtime(self, priority: int, what: str) -> bool:
+        """SCHED_FIFO for the calling thread; a warning (and normal scheduling, False) when not permitted."""
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+            return True
         except (PermissionError, OSError) as e:
             self.get_logger().warning(f"realtime priority {priority} not applied to the {what}: {e}")
+            return False
 
     def _status(self, s, cmd: Command) -> QueueStatus:
         cnt = self.core.counters()
@@ -207,6 +209,7 @@ class ActionNode(LifecycleNode):
                            "tick_jitter_p50_ms": t["period_error_ms_p50"],
                            "tick_jitter_p99_ms": t["period_error_ms_p99"],
                            "tick_jitter_max_ms": t["period_error_ms_max"], "missed_ticks": int(t["missed_ticks"]),
+                           "realtime": self._realtime,
                            "queue_depth": st.queue_size, "chunk_ticks": st.chunk_size, "chunks": cnt.chunks,
                            "rejected_chunks": cnt.rejected_chunks, "late_chunks": cnt.late_chunks,
                            "underruns": cnt.underruns, "waiting_ticks": cnt.waiting_ticks,

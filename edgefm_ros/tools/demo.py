@@ -196,7 +196,10 @@ def summarize(run, model: Model, params: dict, diag: dict, t_play: tuple[float, 
         "routes": dict(run.routes),
         "commands": int(timing["commands"]), "control_rate_hz": timing["rate_hz"],
         "period_error_ms": {"p50": timing["err_p50_ms"], "p99": timing["err_p99_ms"], "max": timing["err_max_ms"]},
-        "missed_ticks": timing["missed"],
+        # from the record: periods without a command, commands under half a period after the last; from the
+        # loop itself: deadlines it skipped (a record gap the loop did not count was lost on the way)
+        "missed_ticks": timing["missed"], "early_commands": timing["early"],
+        "loop_missed_ticks": _float(a.get("missed_ticks")), "realtime": a.get("realtime") == "true",
         "queue_empty_ticks_after_warmup": int(holding[window].sum()), "status_ticks_after_warmup": int(window.sum()),
         "observation_to_chunk_ms": percentiles(np.asarray(run.chunk_inference) * 1e3),
         "prefill_ms": percentiles(np.asarray(run.chunk_prefill) * 1e3),
@@ -219,7 +222,9 @@ def print_summary(s: dict) -> None:
     print(f"chunks     : {s['chunks']}  sources {s['chunk_sources']}  routes {s['routes'] or '(no router: edge)'}")
     print(f"control    : {s['commands']} commands at {s['control_rate_hz']:.2f} Hz, |period error| "
           f"p50 {s['period_error_ms']['p50']:.3f} ms  p99 {s['period_error_ms']['p99']:.3f} ms  "
-          f"max {s['period_error_ms']['max']:.3f} ms, missed {s['missed_ticks']:.0f}")
+          f"max {s['period_error_ms']['max']:.3f} ms, missed {s['missed_ticks']:.0f} (the loop counted "
+          f"{s['loop_missed_ticks']:.0f}), early {s['early_commands']:.0f}, "
+          f"{'real-time' if s['realtime'] else 'normal'} scheduling")
     print(f"queue      : empty on {s['queue_empty_ticks_after_warmup']} of {s['status_ticks_after_warmup']} "
           "ticks after warm-up")
     o, p, d = s["observation_to_chunk_ms"], s["prefill_ms"], s["decode_ms"]

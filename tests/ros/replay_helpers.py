@@ -48,3 +48,41 @@ def record_topics() -> tuple[str, ...]:
     from edgefm_ros.tools.bag.session import OUTPUT_TOPICS
 
     return OUTPUT_TOPICS + (COMMAND_TOPIC,)
+
+
+def realtime_applied(session) -> bool:
+    """Whether action_node's control thread runs SCHED_FIFO (its diagnostics say; root alone is not enough:
+    a container without CAP_SYS_NICE refuses it)."""
+    return session.diagnostics("action_node").get("realtime") == "true"
+
+
+def assert_on_time(commands: float, missed: float, early: float, realtime: bool) -> None:
+    """The control loop kept its deadlines, judged from the recorded command stamps.
+
+    Real-time scheduled, a stall is a rare event: at most 1% of the commands (and at least 2) may follow a
+    skipped period (missed) or come less than half a period after the last (early). Not zero: a shared VM
+    stops a vCPU for tens of milliseconds now and then, which no thread priority prevents. Normally
+    scheduled on a loaded 2-core machine, only the rate is checked (by the caller)."""
+    if realtime:
+        budget = max(2.0, 0.01 * commands)
+        assert missed <= budget and early <= budget, \
+            f"{missed:.0f} missed and {early:.0f} early of {commands:.0f} commands (budget {budget:.1f} each)"
+
+
+def realtime_permitted() -> bool:
+    """Whether this machine lets a thread take SCHED_FIFO (tried on a throw-away thread)."""
+    import threading
+
+    ok = []
+
+    def attempt():
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            ok.append(True)
+        except OSError:
+            ok.append(False)
+
+    t = threading.Thread(target=attempt)
+    t.start()
+    t.join()
+    return ok[0]
