@@ -35,15 +35,13 @@ def request_parameters(payload: InferenceRequest) -> dict:
     return payload.parameters.model_dump(exclude_none=True) if payload.parameters is not None else {}
 
 
-def fault_delay(value) -> float:
-    """The request parameter ``fault_delay_s`` (drills): seconds in [0, 60], else 400."""
-    try:
-        delay = float(value or 0.0)
-    except (TypeError, ValueError):
-        delay = -1.0
-    if not 0.0 <= delay <= 60.0:
-        raise MLServerError(f"parameter fault_delay_s must be a number of seconds in [0, 60], got {value!r}", 400)
-    return delay
+def drill_seconds(name: str, value, limit: float) -> float:
+    """A drill request parameter in seconds (``fault_delay_s``, ``fault_token_delay_s``): a number in
+    [0, limit], else 400 naming it."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= limit
+    if not ok:
+        raise MLServerError(f"parameter {name} must be a number of seconds in [0, {limit:g}], got {value!r}", 400)
+    return float(value)
 
 
 def queue_deadline_error(request_id: str, queue_s: float, deadline_s: float) -> MLServerError:

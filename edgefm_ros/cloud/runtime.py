@@ -19,7 +19,7 @@ from typing import Any
 from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse
 
-from edgefm_ros.cloud.mlserver_base import EngineRuntime, fault_delay, queue_deadline_error, request_parameters
+from edgefm_ros.cloud.mlserver_base import EngineRuntime, drill_seconds, queue_deadline_error, request_parameters
 from edgefm_ros.cloud.protocol import DecodedRequest, RequestLimits, decode_request, encode_response
 from edgefm_ros.cloud.serving import RuntimeConfig
 
@@ -75,7 +75,7 @@ class EdgeFMRuntime(EngineRuntime):
     async def _predict(self, payload: InferenceRequest) -> InferenceResponse:
         received = time.perf_counter()
         params = request_parameters(payload)
-        fault_delay_s = fault_delay(params.pop("fault_delay_s", 0.0)) if self._cfg.fault_injection else 0.0
+        fault_delay_s = drill_seconds("fault_delay_s", params.pop("fault_delay_s", 0.0), 60.0) if self._cfg.fault_injection else 0.0
         req = await self._decode_on_pool(decode_request, payload, params)
         decoded = time.perf_counter()
         chunk, timings = await self._on_engine(self._run, req, decoded, fault_delay_s)

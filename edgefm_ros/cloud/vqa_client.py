@@ -88,12 +88,16 @@ class VqaClient(ClientBase):
 
     # ---------------------------------------------------------------- one call (worker thread)
 
-    def _worker(self, request: dict, deadline: float, call: Call) -> VqaAnswer:
+    def _encode(self, request: dict, deadline: float) -> tuple[bytes, float, float]:
+        """The request body (with the time left when the server should know it) -> (body, t0, encode_s)."""
         t0 = time.monotonic()
         if self.cfg.send_deadline:
             request["parameters"]["deadline_s"] = max(deadline - t0, 0.0)
         body = request_body(request)
-        encode_s = time.monotonic() - t0
+        return body, t0, time.monotonic() - t0
+
+    def _worker(self, request: dict, deadline: float, call: Call) -> VqaAnswer:
+        body, t0, encode_s = self._encode(request, deadline)
         ex, attempts = self._post(body, deadline, call, self._typical or 0.0, "question")
         try:
             text, tokens, params = decode_vqa_response(json.loads(ex.body))
@@ -120,11 +124,7 @@ class VqaClient(ClientBase):
             out.put(("error", CloudError(f"cloud stream failed: {type(e).__name__}: {e}", "client_error")))
 
     def _read_stream(self, request: dict, deadline: float, call: Call, out: queue.Queue) -> VqaAnswer:
-        t0 = time.monotonic()
-        if self.cfg.send_deadline:
-            request["parameters"]["deadline_s"] = max(deadline - t0, 0.0)
-        body = request_body(request)
-        encode_s = time.monotonic() - t0
+        body, t0, encode_s = self._encode(request, deadline)
         st, attempts = self._open_stream(body, deadline, call)
         streamed, n = [], 0
         try:

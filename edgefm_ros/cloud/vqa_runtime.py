@@ -30,7 +30,7 @@ import numpy as np
 from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse
 
-from edgefm_ros.cloud.mlserver_base import EngineRuntime, fault_delay, queue_deadline_error, request_parameters
+from edgefm_ros.cloud.mlserver_base import EngineRuntime, drill_seconds, queue_deadline_error, request_parameters
 from edgefm_ros.cloud.vqa_protocol import (VqaLimits, VqaRequest, decode_vqa_request, encode_vqa_delta,
                                            encode_vqa_error, encode_vqa_final, encode_vqa_response, vqa_messages)
 from edgefm_ros.cloud.vqa_settings import VqaRuntimeConfig
@@ -44,14 +44,6 @@ class _OutOfTime(Exception):
 
 class _Cancelled(Exception):
     pass
-
-
-def _token_delay(value) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 10.0
-    if not ok:
-        raise MLServerError(f"parameter fault_token_delay_s must be a number of seconds in [0, 10], got {value!r}",
-                            400)
-    return float(value)
 
 
 def build_llm_engine(cfg: VqaRuntimeConfig):
@@ -140,8 +132,8 @@ class VqaRuntime(EngineRuntime):
         params = request_parameters(payload)
         faults = (0.0, 0.0)
         if self._cfg.fault_injection:
-            faults = (fault_delay(params.pop("fault_delay_s", 0.0)),
-                      _token_delay(params.pop("fault_token_delay_s", 0.0)))
+            faults = (drill_seconds("fault_delay_s", params.pop("fault_delay_s", 0.0), 60.0),
+                      drill_seconds("fault_token_delay_s", params.pop("fault_token_delay_s", 0.0), 10.0))
         return await self._decode_on_pool(decode_vqa_request, payload, params), faults
 
     def _answer(self, out, counts: dict, timings: dict, received: float, decoded: float) -> dict:

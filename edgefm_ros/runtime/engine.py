@@ -27,7 +27,7 @@ from edgefm_ros.types import ActionChunk, Observation
 
 from .checkpoint import Checkpoint, load_checkpoint
 from . import skills
-from .dispatch import OpResolver, Table, builtin_tables
+from .dispatch import OpResolver, Table, builtin_tables, load_table
 from .hardware import Hardware, detect
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
 
@@ -114,8 +114,10 @@ class Engine:
             tables.append(tuned)
         tables += [Path(t) for t in config.tables]
         self.table_files = tables
-        untuned = Table.from_files([t for t in tables if t != tuned]) if tuned in tables else None
-        self.resolver = OpResolver(Table.from_files(tables), hardware.profile, "smolvla", stage_of, untuned)
+        parsed = {t: load_table(t) for t in tables}  # each file once
+        table = Table([r for t in tables for r in parsed[t]])
+        untuned = Table([r for t in tables if t != tuned for r in parsed[t]]) if tuned in parsed else None
+        self.resolver = OpResolver(table, hardware.profile, "smolvla", stage_of, untuned)
         self.device = torch.device(config.device)
         self.weights = ckpt.weights(self.device)  # on CPU: the file mapping the fp32 weights are views of
         with torch.no_grad():

@@ -18,7 +18,6 @@ import json
 import resource
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch

@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 from safetensors.torch import load_file
 
 CLI = [sys.executable, "-m", "edgefm_ros.tools.vla_cli"]

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.runtime.preprocess import ModelInputs

@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..generate import Generation, GenerationError, LlmEngine, SamplingConfig, _Stream, causal_mask, run_layers
+from ..generate import (Generation, GenerationError, LlmEngine, SamplingConfig, _Stream, causal_mask, pick,
+                        run_layers)
 from ..kv_cache import StaticKVCache
 from .draft import DraftHead
 from .sampling import accept_among, draw, target_dist
@@ -124,10 +125,10 @@ class SpeculativeDecoder:
         tree, toks = self.tree, [root] + list(nodes)
         node, path = 0, []
         while True:
-            p = target_dist(logits[node], s)[None]
             kids = tree.children[node]
             if not kids:
-                return path, draw(p[0], s.greedy, gen)
+                return path, pick(logits[node], s, gen)
+            p = target_dist(logits[node], s)[None]
             x = torch.tensor([[toks[c] for c in kids]])
             q = None if qs is None else qs[[c - 1 for c in kids]][None]
             u = torch.zeros(1, len(kids)) if s.greedy else torch.rand(1, len(kids), generator=gen)
@@ -156,7 +157,7 @@ class SpeculativeDecoder:
                                   f"{self.tree.size} draft nodes exceeds the KV capacity {e.config.capacity}")
         gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
         logits, tapped = e.prefill(ids[start:], start, taps=taps)
-        nxt = draw(target_dist(logits, sampling), sampling.greedy, gen)
+        nxt = pick(logits, sampling, gen)  # the first token as plain decoding picks it
         seq = list(ids)  # committed tokens in the target cache, then `nxt` pending
         feats, fstart = self.draft.features(tapped), start  # target features not yet in the draft cache
         stops, stream = e.stop_ids(sampling), _Stream(e.tokenizer, sampling.stop_strings, on_token)
