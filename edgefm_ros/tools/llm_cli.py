@@ -15,6 +15,7 @@ Generated text streams to stdout; timings go to stderr (or --json).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -101,14 +102,32 @@ def cmd_prefix(args) -> int:
     return 0
 
 
+RECIPE_HELP = {
+    "prompts": "training prompts (built-in task x topic grid)",
+    "new_tokens": "target continuation length per prompt",
+    "collect_mode": "engine mode that generates the training data (same weights): exact, fast or reference",
+    "temperature": "of the sampled continuations",
+    "sampled_every": "every n-th continuation is sampled, the others greedy (0: all greedy)",
+    "inner": "draft MLP width",
+    "ttt_steps": "training-time-test draft steps",
+}
+
+
+def _recipe_args(p: argparse.ArgumentParser) -> None:
+    """One option per Recipe field, its default taken from the Recipe (the one place it is written)."""
+    from edgefm_ros.tools.train_draft import Recipe
+
+    for f in dataclasses.fields(Recipe):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
+                       help=f"{RECIPE_HELP.get(f.name, f.name.replace('_', ' '))} (default {f.default})")
+
+
 def cmd_train_draft(args) -> int:
     from edgefm_ros.runtime.speculative import save_draft
     from edgefm_ros.tools.train_draft import Recipe, train_draft
 
-    recipe = Recipe(prompts=args.prompts, val_prompts=args.val_prompts, new_tokens=args.new_tokens,
-                    collect_batch=args.collect_batch, collect_mode=args.collect_mode, temperature=args.temperature,
-                    draft_vocab=args.draft_vocab, inner=args.inner, steps=args.steps, batch=args.batch, lr=args.lr,
-                    ttt_steps=args.ttt_steps, seed=args.seed)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Recipe) if getattr(args, f.name) is not None}
+    recipe = Recipe(**given)  # its defaults where the command line is silent; ValueError names a bad value
     engine = _engine(args)
     collector = None
     if recipe.collect_mode != args.mode:
@@ -186,20 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train-draft", help="distil an EAGLE-3 style draft head from the target's outputs")
     _model_args(t)
     t.add_argument("--out", required=True)
-    t.add_argument("--prompts", type=int, default=1152, help="training prompts (built-in task x topic grid)")
-    t.add_argument("--val-prompts", type=int, default=32)
-    t.add_argument("--new-tokens", type=int, default=64, help="target continuation length per prompt")
-    t.add_argument("--collect-batch", type=int, default=296)
-    t.add_argument("--collect-mode", default="fast", choices=["exact", "fast", "reference"],
-                   help="engine mode that generates the training data (same weights)")
-    t.add_argument("--temperature", type=float, default=0.7, help="of the sampled continuations (every other)")
-    t.add_argument("--draft-vocab", type=int, default=4096)
-    t.add_argument("--inner", type=int, default=768, help="draft MLP width")
-    t.add_argument("--steps", type=int, default=500)
-    t.add_argument("--batch", type=int, default=16)
-    t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--ttt-steps", type=int, default=3, help="training-time-test draft steps")
-    t.add_argument("--seed", type=int, default=0)
+    _recipe_args(t)
     t.add_argument("--fp32", action="store_true", help="store fp32 matrices (default fp16, head rebuilt at load)")
     t.set_defaults(fn=cmd_train_draft)
     b = sub.add_parser("bench", help="decode tokens/s and time to first token of this runtime")
