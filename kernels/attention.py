@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import cpu_attention, native
 from .registry import Impl, OpSpec, register
 
 GQA_MODES = ("repeat", "native")
@@ -85,3 +86,22 @@ register(Impl("attention", "eager", lambda spec, params: EagerAttention(), refer
 register(Impl("attention", "sdpa", lambda spec, params: SdpaAttention(**params), check=_check_heads,
               param_space={"zero_mask_when_none": (False, True), "gqa": GQA_MODES},
               doc="torch SDPA, additive finfo.min mask; KV heads repeated or grouped inside SDPA (gqa=native)"))
+
+
+class Avx512Attention:
+    """Whole-row fp32 attention on AVX-512 (cpu_attention.py, csrc/attention.c); other activation dtypes
+    are cast in and the result back (exact mode, its target, is fp32 throughout)."""
+
+    def __call__(self, q, k, v, mask):
+        if q.dtype == torch.float32:
+            return cpu_attention.attention(q, k, v, mask)
+        return cpu_attention.attention(q.float(), k.float(), v.float(), mask).to(q.dtype)
+
+
+def _check_avx512(spec: OpSpec, params) -> str | None:
+    return _check_heads(spec, params) or native.avx512_check(cpu_attention.NAME)(spec, params)
+
+
+register(Impl("attention", "avx512", lambda spec, params: Avx512Attention(), check=_check_avx512,
+              doc="whole score rows in fp32 with AVX-512 (csrc/attention.c): keys packed per head, 64-key "
+                  "blocks shared by all rows of a 48-query block; bool mask, GQA"))

@@ -9,8 +9,9 @@ loaded with ctypes (which releases the GIL for the call).
     native.build_all()                   # {name: reason | None} for every csrc/*.c (set-up warms the cache)
 
 The shared object lives in ``$EDGEFM_CACHE_DIR`` (default ``~/.cache/edgefm_ros``) under a name that
-hashes the source, the flags and the compiler, so an edited kernel or another compiler rebuilds it; the
-build writes a temporary file and renames it, so concurrent processes never load half a library.
+hashes the source, the shared headers (``csrc/*.h``), the flags and the compiler, so an edited kernel or
+another compiler rebuilds it; the build writes a temporary file and renames it, so concurrent processes
+never load half a library.
 OpenMP comes from the libgomp torch already loaded (same soname), so the kernels share torch's threads.
 """
 from __future__ import annotations
@@ -71,7 +72,8 @@ def _build_and_open(name: str) -> ctypes.CDLL:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeError(f"C compiler {cc!r} does not run: {e}") from None
-    key = hashlib.sha256("\0".join([src.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    headers = [h.read_text() for h in sorted(SRC_DIR.glob("*.h"))]  # what the source may include
+    key = hashlib.sha256("\0".join([src.read_text(), *headers, *FLAGS, version]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if not out.is_file():
         _build(cc, src, out)

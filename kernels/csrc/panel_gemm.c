@@ -12,6 +12,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "vec_math.h"
+
 #define NR 32    /* panel width: two zmm registers */
 #define MR 13    /* rows per register block: 26 accumulators + 2 weight vectors + 1 broadcast <= 32 zmm */
 #define KC 256   /* K block of the summation */
@@ -96,25 +98,6 @@ void edgefm_panel_gemm(const float *x, int64_t m, int64_t k, const float *p, int
   for (int64_t q = 0; q < panels; ++q)
     panel_product(x, m, k, p, q, panels, bias ? bias + q * NR : 0, y + q * NR, n,
                   (int)(n - q * NR < NR ? n - q * NR : NR));
-}
-
-/* exp(x) in fp32 to ~1 ulp: x = n ln2 + r (two-part ln2), |r| <= ln2/2, degree-7 Taylor (truncation
- * < 6e-9 relative), 2^n applied by scalef, which saturates to inf / 0 past the fp32 range. */
-static inline __m512 exp_ps(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 e = _mm512_set1_ps(1.0f / 5040.0f);
-  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 720.0f));
-  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 120.0f));
-  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 24.0f));
-  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 6.0f));
-  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
-  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
-  e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(e, n);
 }
 
 /* h [M, N] = silu(x W_gate^T) * (x W_up^T), the gated MLP's first half in one pass. p holds the gate and up

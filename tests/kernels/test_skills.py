@@ -28,7 +28,7 @@ def test_shipped_skills_validate_and_target_their_devices():
         if s.device == "cuda":
             assert s.matches("cuda_sm90") and not s.matches("cpu_x86_avx512_bf16") and s.modes == ("fast",)
     panel = found["cpu-avx512-exact"]
-    assert panel.modes == ("exact",) and panel.native == ("panel_gemm", "cpu_rows")
+    assert panel.modes == ("exact",) and panel.native == ("panel_gemm", "cpu_rows", "attention")
     assert panel.matches("cpu_x86_avx512_bf16") and panel.matches("cpu_x86_avx512")
     assert not panel.matches("cpu_x86_avx2") and not panel.matches("cuda_sm90")
 
