@@ -13,7 +13,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["edgefm_ros", "edgefm_ros.*"]) + ["edgefm_kernels"],
     package_dir={"edgefm_kernels": "kernels"},
-    package_data={"edgefm_ros": ["**/*.yaml", "**/*.json"], "edgefm_kernels": ["*.yaml", "skills/*.yaml", "csrc/*.c"]},
+    package_data={"edgefm_ros": ["**/*.yaml", "**/*.json"], "edgefm_kernels": ["*.yaml", "skills/*.yaml", "csrc/*.c", "csrc/*.h"]},
     install_requires=[
         "numpy>=1.26",
         "torch>=2.4",
