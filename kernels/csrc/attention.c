@@ -25,7 +25,8 @@
 #define PAD 16       /* floats between score rows, so rows 4 KB apart do not share L1 sets */
 #define MASKED (-3.4028234663852886e38f)  /* finfo(float32).min, the reference's fill for hidden keys */
 
-/* Floats of per-thread scratch for lk keys and head size d: packed keys + one block of score rows. */
+/* Floats of per-thread scratch for lk keys and head size d: packed keys and values, one block of score
+ * rows and its output rows. */
 int64_t edgefm_attention_scratch(int64_t lk, int64_t d) {
   const int64_t groups = (lk + 16 * NG - 1) / (16 * NG) * NG, ldv = (d + 15) / 16 * 16;
   return groups * 16 * d + lk * ldv + BQ * (groups * 16 + PAD) + BQ * ldv;
