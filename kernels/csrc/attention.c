@@ -7,8 +7,8 @@
  * the full score rows S [BQ][Lk] (in L2), applies the mask, takes each row's max, overwrites S with
  * exp(s - max) while summing it, multiplies by v and divides by the sum. Whole rows, not an online (flash)
  * softmax: one max per row, as the eager reference takes it, and no rescaling.
- * Register blocks: scores RS rows x 64 keys (24 zmm accumulators), p v up to 64 dims x 24/(vectors) rows
- * (a head size that is not a multiple of 16 is padded with zeros in the packed values). Both products
+ * Register blocks: RS rows x 64 keys for the scores, RS rows x up to 64 dims for p v (24 zmm accumulators;
+ * a head size that is not a multiple of 16 is padded with zeros in the packed values). Both products
  * run key block by key block (64 keys) over all rows of the query block, so the block's keys or values
  * stay in L1 while every row uses them.
  */
@@ -73,9 +73,13 @@ static float softmax_row(float *s, int64_t lk, const uint8_t *mrow) {
     const __mmask16 t = tail_mask(lk - j);
     __m512 x = _mm512_maskz_loadu_ps(t, s + j);
     if (mrow) {
-      uint8_t tail[16] = {0};
-      for (int64_t i = 0; i < 16 && j + i < lk; ++i) tail[i] = mrow[j + i];
-      const __m128i b = _mm_loadu_si128((const __m128i *)(lk - j >= 16 ? mrow + j : tail));
+      uint8_t tail[16] = {0};  /* the last, partial 16 bytes (no masked byte loads without AVX512BW) */
+      const uint8_t *bytes = mrow + j;
+      if (lk - j < 16) {
+        for (int64_t i = 0; j + i < lk; ++i) tail[i] = mrow[j + i];
+        bytes = tail;
+      }
+      const __m128i b = _mm_loadu_si128((const __m128i *)bytes);
       const __mmask16 vis = _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(b), _mm512_cvtepu8_epi32(b));
       x = _mm512_mask_blend_ps(vis, _mm512_set1_ps(MASKED), x);
       _mm512_mask_storeu_ps(s + j, t, x);
@@ -93,11 +97,11 @@ static float softmax_row(float *s, int64_t lk, const uint8_t *mrow) {
   return hsum_ps(vsum);
 }
 
-/* o[r, c] += p[r, j0:j1] @ v[j0:j1, c] for r < rows, c over NC vectors (rows * NC <= 24); v and o rows are
+/* o[r, c] += p[r, j0:j1] @ v[j0:j1, c] for r < rows (<= RS), c over nc (<= 4) vectors; v and o rows are
  * ldv floats apart (the head size padded to whole vectors, zeros past it). */
 static inline __attribute__((always_inline)) void pv_block(
     int rows, int nc, const float *p, int64_t ldp, const float *v, int64_t ldv, int64_t j0, int64_t j1, float *o) {
-  __m512 acc[24];
+  __m512 acc[RS * 4];
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < nc; ++c) acc[r * nc + c] = _mm512_loadu_ps(o + r * ldv + c * 16);
   for (int64_t j = j0; j < j1; ++j) {
@@ -114,35 +118,25 @@ static inline __attribute__((always_inline)) void pv_block(
 
 /* Every (rows, vectors) pair the blocks use, as constants so the accumulators stay in registers. */
 #define PV(R, NC) pv_block(R, NC, s + r0 * lds, lds, v + c0 * 16, ldv, j0, j1, o + r0 * ldv + c0 * 16)
-/* o [rows][ldv] = p [rows][lk] @ v [lk][ldv], key block by key block, at most 4 vectors (64 dims) at a time. */
+/* o [rows][ldv] = p [rows][lk] @ v [lk][ldv], key block by key block, RS rows x at most 4 vectors (64 dims)
+ * at a time. */
 static void pv_rows(int rows, int64_t dv, const float *s, int64_t lds, const float *v, int64_t ldv, int64_t lk,
                     float *o) {
   for (int64_t i = 0; i < rows * ldv; ++i) o[i] = 0.0f;
   for (int64_t j0 = 0; j0 < lk; j0 += KB) {
     const int64_t j1 = j0 + KB < lk ? j0 + KB : lk;
     for (int64_t c0 = 0; c0 < dv; c0 += 4) {
-      const int nc = (int)(dv - c0 < 4 ? dv - c0 : 4), step = 24 / nc;
-      for (int r0 = 0; r0 < rows; r0 += step) {
-        const int n = rows - r0 < step ? rows - r0 : step;
-        switch (nc * 100 + n) {
-        case 101: PV(1, 1); break; case 102: PV(2, 1); break; case 103: PV(3, 1); break;
-        case 104: PV(4, 1); break; case 105: PV(5, 1); break; case 106: PV(6, 1); break;
-        case 107: PV(7, 1); break; case 108: PV(8, 1); break; case 109: PV(9, 1); break;
-        case 110: PV(10, 1); break; case 111: PV(11, 1); break; case 112: PV(12, 1); break;
-        case 113: PV(13, 1); break; case 114: PV(14, 1); break; case 115: PV(15, 1); break;
-        case 116: PV(16, 1); break; case 117: PV(17, 1); break; case 118: PV(18, 1); break;
-        case 119: PV(19, 1); break; case 120: PV(20, 1); break; case 121: PV(21, 1); break;
-        case 122: PV(22, 1); break; case 123: PV(23, 1); break; case 124: PV(24, 1); break;
-        case 201: PV(1, 2); break; case 202: PV(2, 2); break; case 203: PV(3, 2); break;
-        case 204: PV(4, 2); break; case 205: PV(5, 2); break; case 206: PV(6, 2); break;
-        case 207: PV(7, 2); break; case 208: PV(8, 2); break; case 209: PV(9, 2); break;
-        case 210: PV(10, 2); break; case 211: PV(11, 2); break; case 212: PV(12, 2); break;
-        case 301: PV(1, 3); break; case 302: PV(2, 3); break; case 303: PV(3, 3); break;
-        case 304: PV(4, 3); break; case 305: PV(5, 3); break; case 306: PV(6, 3); break;
-        case 307: PV(7, 3); break; case 308: PV(8, 3); break;
-        case 401: PV(1, 4); break; case 402: PV(2, 4); break; case 403: PV(3, 4); break;
-        case 404: PV(4, 4); break; case 405: PV(5, 4); break; case 406: PV(6, 4); break;
-          default: break;  /* not reached: n <= 24 / nc */
+      const int nc = (int)(dv - c0 < 4 ? dv - c0 : 4);
+      for (int r0 = 0; r0 < rows; r0 += RS) {
+        switch (nc * 10 + (rows - r0 < RS ? rows - r0 : RS)) {
+          case 11: PV(1, 1); break; case 12: PV(2, 1); break; case 13: PV(3, 1); break;
+          case 14: PV(4, 1); break; case 15: PV(5, 1); break; case 16: PV(6, 1); break;
+          case 21: PV(1, 2); break; case 22: PV(2, 2); break; case 23: PV(3, 2); break;
+          case 24: PV(4, 2); break; case 25: PV(5, 2); break; case 26: PV(6, 2); break;
+          case 31: PV(1, 3); break; case 32: PV(2, 3); break; case 33: PV(3, 3); break;
+          case 34: PV(4, 3); break; case 35: PV(5, 3); break; case 36: PV(6, 3); break;
+          case 41: PV(1, 4); break; case 42: PV(2, 4); break; case 43: PV(3, 4); break;
+          case 44: PV(4, 4); break; case 45: PV(5, 4); break; default: PV(6, 4); break;
         }
       }
     }
