@@ -25,7 +25,7 @@ SIGNATURES = {
 
 def unavailable() -> str | None:
     """Why this kernel cannot run on this machine, or None."""
-    return native.avx512_unavailable(NAME)
+    return native.unavailable(NAME)
 
 
 def _lib():

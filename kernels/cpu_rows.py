@@ -24,11 +24,6 @@ SIGNATURES = {
 }
 
 
-def unavailable() -> str | None:
-    """Why these kernels cannot run on this machine, or None."""
-    return native.avx512_unavailable(NAME)
-
-
 def _lib():
     return native.bind(NAME, SIGNATURES)
 

@@ -50,7 +50,7 @@ class MlpFused(nn.Module):
         if act not in ACTS:
             raise ValueError(f"unknown MLP activation {act!r}; known: {ACTS}")
         w = dict(weights)
-        self.act, self.dtype = act, dtype
+        self.dtype = dtype
         if act == "silu_gated":
             pair = [(w["gate"], None), (w["up"], None)]
             self.first = gemm(lambda: concat(pair, dtype), "silu_glu")

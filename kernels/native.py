@@ -2,16 +2,15 @@
 loaded with ctypes (which releases the GIL for the call).
 
     lib = native.load("panel_gemm")      # ctypes.CDLL, or raises NativeError saying why
-    native.unavailable("panel_gemm")     # the same reason as a string, or None
+    native.unavailable("panel_gemm")     # why it cannot run here (no build, or no AVX-512 CPU), or None
     lib = native.bind("panel_gemm", {"fn": ([argtypes], restype)})   # load + C signatures, set once
-    native.avx512_unavailable(name)      # unavailable(), after checking the running CPU has AVX-512
     native.avx512_check(name)            # an ``Impl.check`` for impls built on the kernel
     native.build_all()                   # {name: reason | None} for every csrc/*.c (set-up warms the cache)
 
-The shared object lives in ``$EDGEFM_CACHE_DIR`` (default ``~/.cache/edgefm_ros``) under a name that
-hashes the source, the shared headers (``csrc/*.h``), the flags and the compiler, so an edited kernel or
-another compiler rebuilds it; the build writes a temporary file and renames it, so concurrent processes
-never load half a library.
+The shared object lives in ``$EDGEFM_CACHE_DIR/native`` (default ``~/.cache/edgefm_ros/native``) under a
+name that hashes the source, the shared headers (``csrc/*.h``), the flags and the compiler, so an edited
+kernel or another compiler rebuilds it; the build writes a temporary file and renames it, so concurrent
+processes never load half a library.
 OpenMP comes from the libgomp torch already loaded (same soname), so the kernels share torch's threads.
 """
 from __future__ import annotations
@@ -29,7 +28,10 @@ import torch
 
 SRC_DIR = Path(__file__).resolve().parent / "csrc"
 # AVX-512 F/VL/DQ + FMA only: the library runs on any AVX-512 x86 CPU, not just the one that built it
-FLAGS = ("-O3", "-std=c11", "-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# -ffp-contract=off: no FMA the source does not write (RoPE is bitwise the reference; gcc's -std=c11 implies
+# it, clang's default does not)
+FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma", "-fopenmp",
+         "-shared", "-fPIC")
 
 
 class NativeError(RuntimeError):
@@ -50,7 +52,7 @@ def _compiler() -> str:
 def load(name: str) -> ctypes.CDLL:
     lib = _load(name)
     if isinstance(lib, NativeError):
-        raise lib
+        raise NativeError(str(lib))  # a fresh exception: the kept one would collect a traceback per raise
     return lib
 
 
@@ -63,15 +65,21 @@ def _load(name: str) -> "ctypes.CDLL | NativeError":
         return e
 
 
+@functools.lru_cache(maxsize=None)
+def _compiler_version(cc: str) -> str:
+    """``cc --version`` (part of the build key), asked once per process."""
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeError(f"C compiler {cc!r} does not run: {e}") from None
+
+
 def _build_and_open(name: str) -> ctypes.CDLL:
     src = SRC_DIR / f"{name}.c"
     if not src.is_file():
         raise NativeError(f"no kernel source {src}")
     cc = _compiler()
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise NativeError(f"C compiler {cc!r} does not run: {e}") from None
+    version = _compiler_version(cc)
     headers = [h.read_text() for h in sorted(SRC_DIR.glob("*.h"))]  # what the source may include
     key = hashlib.sha256("\0".join([src.read_text(), *headers, *FLAGS, version]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
@@ -104,9 +112,13 @@ def _build(cc: str, src: Path, out: Path) -> None:
 
 
 def unavailable(name: str) -> str | None:
-    """Why ``load(name)`` fails here, or None when it works."""
+    """Why kernel ``name`` cannot run here, or None: it does not build or load, or the running CPU lacks
+    AVX-512 (every kernel is built with -mavx512f; checked after the build so its errors come first)."""
     lib = _load(name)
-    return str(lib) if isinstance(lib, NativeError) else None
+    if isinstance(lib, NativeError):
+        return str(lib)
+    cap = torch.backends.cpu.get_cpu_capability()
+    return None if cap == "AVX512" else f"{name} needs AVX-512 (torch reports CPU capability {cap!r})"
 
 
 def bind(name: str, signatures: dict) -> ctypes.CDLL:
@@ -119,20 +131,12 @@ def bind(name: str, signatures: dict) -> ctypes.CDLL:
     return lib
 
 
-def avx512_unavailable(name: str) -> str | None:
-    """Why kernel ``name`` (built with -mavx512f) cannot run on this CPU, or None."""
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap != "AVX512":
-        return f"{name} needs AVX-512 (torch reports CPU capability {cap!r})"
-    return unavailable(name)
-
-
 def avx512_check(name: str):
     """``Impl.check`` for impls built on kernel ``name``: an AVX-512 profile and the library loading here."""
     def check(spec, params) -> str | None:
         if not spec.hw_profile.startswith("cpu_x86_avx512"):
             return f"{name} needs an AVX-512 CPU profile, this is {spec.hw_profile!r}"
-        return avx512_unavailable(name)
+        return unavailable(name)
     return check
 
 

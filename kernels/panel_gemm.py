@@ -30,7 +30,7 @@ SIGNATURES = {
 
 def unavailable() -> str | None:
     """Why the panel GEMM cannot run on this machine, or None."""
-    return native.avx512_unavailable(NAME)
+    return native.unavailable(NAME)
 
 
 def _lib():

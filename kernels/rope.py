@@ -73,15 +73,9 @@ register(Impl("rope", "fast", lambda spec, params, max_wavelength=10_000.0: Rope
               doc="rotation written into the output halves (2 mul + 2 addcmul), fp32, reference tables"))
 
 
-class RopeAvx512:
+class RopeAvx512(RopeRef):
     """The rotation as one AVX-512 pass (cpu_rows.py) reading strided q/k slices, fp32 only; bitwise the
     reference (each product and sum rounded on its own). Reference tables; other dtypes computed in fp32."""
-
-    def __init__(self, max_wavelength: float = 10_000.0):
-        self.ref = RopeRef(max_wavelength)
-
-    def tables(self, positions: torch.Tensor, head_dim: int):
-        return self.ref.tables(positions, head_dim)
 
     def __call__(self, x, tables):
         if x.dtype == torch.float32:

@@ -103,10 +103,11 @@ step "colcon build"
 )
 
 step "compiled CPU kernels (kernels/csrc, into the cache; a failure only means torch/MKL paths are used)"
-"$VENV/bin/python" - <<'PY'
+if ! "$VENV/bin/python" - <<'PY'
 from edgefm_kernels import native
 for name, why in native.build_all().items():
     print(f"  {name}: {'ready' if why is None else 'not used: ' + why}")
 PY
+then echo "  setup: compiled kernels skipped (the first run will try again)" >&2; fi
 
 step "done in $((SECONDS - START)) s: source scripts/env.sh, then scripts/test.sh"

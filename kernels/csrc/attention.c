@@ -86,7 +86,7 @@ static float softmax_row(float *s, int64_t lk, const uint8_t *mrow) {
     }
     vmax = _mm512_mask_max_ps(vmax, t, vmax, x);
   }
-  const __m512 m = _mm512_set1_ps(hmax_ps(vmax));
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t j = 0; j < lk; j += 16) {
     const __mmask16 t = tail_mask(lk - j);
@@ -94,7 +94,7 @@ static float softmax_row(float *s, int64_t lk, const uint8_t *mrow) {
     _mm512_mask_storeu_ps(s + j, t, e);
     vsum = _mm512_mask_add_ps(vsum, t, vsum, e);
   }
-  return hsum_ps(vsum);
+  return _mm512_reduce_add_ps(vsum);
 }
 
 /* o[r, c] += p[r, j0:j1] @ v[j0:j1, c] for r < rows (<= RS), c over nc (<= 4) vectors; v and o rows are

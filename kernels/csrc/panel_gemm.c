@@ -22,8 +22,7 @@ static inline __attribute__((always_inline)) void row_block(
     int mr, const float *x, int64_t k, const float *panel, const float *bias, float *y, int64_t ldy,
     int ncols, const char *pf, int64_t pf_step) {
   __m512 acc[MR][2];
-  const __mmask16 m0 = ncols >= 16 ? 0xFFFF : (__mmask16)((1u << ncols) - 1);
-  const __mmask16 m1 = ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
+  const __mmask16 m0 = tail_mask(ncols), m1 = tail_mask(ncols > 16 ? ncols - 16 : 0);
   for (int64_t k0 = 0; k0 < k; k0 += KC) {
     const int64_t k1 = k0 + KC < k ? k0 + KC : k;
     const __m512 init0 = (k0 == 0 && bias) ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
@@ -113,8 +112,7 @@ void edgefm_panel_glu(const float *x, int64_t m, int64_t k, const float *p, int6
     float *g = tmp + 2 * j * NR, *u = g + NR;
     panel_product(x, m, k, p, 2 * j, panels, 0, g, ldt, NR);
     panel_product(x, m, k, p, 2 * j + 1, panels, 0, u, ldt, NR);
-    const __mmask16 m0 = ncols >= 16 ? 0xFFFF : (__mmask16)((1u << ncols) - 1);
-    const __mmask16 m1 = ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
+    const __mmask16 m0 = tail_mask(ncols), m1 = tail_mask(ncols > 16 ? ncols - 16 : 0);
     for (int64_t r = 0; r < m; ++r)
       for (int v = 0; v < 2; ++v) {
         const __m512 gv = _mm512_loadu_ps(g + r * ldt + 16 * v), uv = _mm512_loadu_ps(u + r * ldt + 16 * v);

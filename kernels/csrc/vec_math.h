@@ -24,10 +24,6 @@ static inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(e, n);
 }
 
-/* Horizontal sum and max of the 16 lanes. */
-static inline float hsum_ps(__m512 v) { return _mm512_reduce_add_ps(v); }
-static inline float hmax_ps(__m512 v) { return _mm512_reduce_max_ps(v); }
-
 /* Lanes [0, n) of a 16-lane vector (n in [0, 16]). */
 static inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
 
