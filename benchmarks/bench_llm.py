@@ -126,7 +126,7 @@ def bench_speculative(engine, draft, prompts, new_tokens: int, k: int, tree, tem
     Speedup = decode tokens/s (first token to last) over plain decoding's in the same mode; greedy
     outputs are checked token for token. Sampled runs use one seed per prompt for every contender.
     """
-    from edgefm_ros.runtime.speculative import DEFAULT_RANK_ACCEPT, SpeculativeDecoder, TreeShape
+    from edgefm_ros.runtime.speculative import SpeculativeDecoder, TreeShape, rank_accept
 
     decoders = {"chain": SpeculativeDecoder(engine, draft, k), "tree": SpeculativeDecoder(engine, draft, tree=tree)}
     modes = {"greedy": dict(), f"sampled_T{temperature}": dict(temperature=temperature)}
@@ -152,10 +152,10 @@ def bench_speculative(engine, draft, prompts, new_tokens: int, k: int, tree, tem
         n = sum(len(g.tokens) - 1 for g in gens)
         return n / sum(g.decode_s for g in gens)
 
-    rank_accept = draft.meta.get("rank_accept") or DEFAULT_RANK_ACCEPT  # as draft_tree scores it
+    accept = rank_accept(draft)  # as draft_tree scores it
     out = {"prompts": len(prompts), "new_tokens": new_tokens, "chain_k": k, "tree": tree.describe(),
-           "tree_expected_length": round(tree.expected_length(rank_accept), 3),
-           "chain_expected_length": round(TreeShape.chain(k).expected_length(rank_accept), 3),
+           "tree_expected_length": round(tree.expected_length(accept), 3),
+           "chain_expected_length": round(TreeShape.chain(k).expected_length(accept), 3),
            "greedy_identical": same, "rows": []}
     for mode in modes:
         base = tok_s(runs[(mode, "plain")])

@@ -42,16 +42,9 @@ def spin_in_background():
     """``start(executor, context, stop=None)``: spin ``executor`` in a daemon thread until ``context`` shuts
     down (or ``stop`` is set); returns the started thread. The pattern every ROS test needs."""
     def start(executor, context, stop: threading.Event | None = None) -> threading.Thread:
-        from rclpy.executors import ExternalShutdownException
+        from edgefm_ros.ros.spin import spin_until_shutdown
 
-        def loop():
-            try:
-                while context.ok() and not (stop is not None and stop.is_set()):
-                    executor.spin_once(timeout_sec=0.05)
-            except ExternalShutdownException:
-                pass
-
-        thread = threading.Thread(target=loop, daemon=True)
+        thread = threading.Thread(target=spin_until_shutdown, args=(executor, context, stop), daemon=True)
         thread.start()
         return thread
     return start

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
-from edgefm_ros.cloud.client_base import TOKEN_ENV
+from edgefm_ros.cloud.client_base import TOKEN_ENV, read_token
 from edgefm_ros.cloud.serving import ServeConfig
 
 
@@ -60,7 +59,7 @@ def _token(args) -> str | None:
     if args.token_file:
         with open(args.token_file) as f:
             return f.read().strip()
-    return args.token or os.environ.get(TOKEN_ENV) or None
+    return args.token or read_token()
 
 
 def config_from_args(args) -> ServeConfig:

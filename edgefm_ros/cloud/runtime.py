@@ -75,7 +75,9 @@ class EdgeFMRuntime(EngineRuntime):
     async def _predict(self, payload: InferenceRequest) -> InferenceResponse:
         received = time.perf_counter()
         params = request_parameters(payload)
-        fault_delay_s = drill_seconds("fault_delay_s", params.pop("fault_delay_s", 0.0), 60.0) if self._cfg.fault_injection else 0.0
+        fault_delay_s = 0.0
+        if self._cfg.fault_injection:
+            fault_delay_s = drill_seconds("fault_delay_s", params.pop("fault_delay_s", 0.0), 60.0)
         req = await self._decode_on_pool(decode_request, payload, params)
         decoded = time.perf_counter()
         chunk, timings = await self._on_engine(self._run, req, decoded, fault_delay_s)

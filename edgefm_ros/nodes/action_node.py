@@ -133,6 +133,7 @@ class ActionNode(LifecycleNode):
         if self._thread is not None:
             self._thread.join(timeout=2.0)
             self._thread = None
+        self._realtime = False
 
     # data path -------------------------------------------------------------------------------------------
     def _now(self) -> float:

@@ -1,6 +1,8 @@
-"""Running one node as a process: init, build, spin, stop cleanly, exit status."""
+"""Running one node as a process (init, build, spin, stop cleanly, exit status), and the spin loop of an
+executor that serves a process's other work from a thread."""
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import rclpy
@@ -34,3 +36,17 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
         node.destroy_node()
         rclpy.try_shutdown()
     return 0
+
+
+def spin_until_shutdown(executor, context, stop: threading.Event | None = None, period_s: float = 0.05) -> None:
+    """``executor.spin_once`` until ``context`` shuts down (or ``stop`` is set); an error raised because the
+    context went down mid-spin ends the loop, any other is raised."""
+    while context.ok() and not (stop is not None and stop.is_set()):
+        try:
+            executor.spin_once(timeout_sec=period_s)
+        except ExternalShutdownException:
+            break
+        except Exception:
+            if not context.ok():
+                break
+            raise

@@ -102,24 +102,13 @@ def cmd_prefix(args) -> int:
     return 0
 
 
-RECIPE_HELP = {
-    "prompts": "training prompts (built-in task x topic grid)",
-    "new_tokens": "target continuation length per prompt",
-    "collect_mode": "engine mode that generates the training data (same weights): exact, fast or reference",
-    "temperature": "of the sampled continuations",
-    "sampled_every": "every n-th continuation is sampled, the others greedy (0: all greedy)",
-    "inner": "draft MLP width",
-    "ttt_steps": "training-time-test draft steps",
-}
-
-
 def _recipe_args(p: argparse.ArgumentParser) -> None:
-    """One option per Recipe field, its default taken from the Recipe (the one place it is written)."""
+    """One option per Recipe field, its default and help taken from the Recipe (the one place they are written)."""
     from edgefm_ros.tools.train_draft import Recipe
 
     for f in dataclasses.fields(Recipe):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
-                       help=f"{RECIPE_HELP.get(f.name, f.name.replace('_', ' '))} (default {f.default})")
+                       help=f"{f.metadata['help']} (default {f.default})")
 
 
 def cmd_train_draft(args) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -294,23 +294,29 @@ def train(engine: LlmEngine, data: DistillData, cfg: DraftConfig, d2t: torch.Ten
     return {**{k: v for k, v in weights.items() if k in fixed}, **kept}, stats
 
 
+def _knob(default, text: str):
+    return field(default=default, metadata={"help": text})
+
+
 @dataclass(frozen=True)
 class Recipe:
-    """The training recipe's knobs (defaults: the documented SmolLM2-135M recipe, <= 10 min on 2 cores)."""
-    prompts: int = 1152
-    val_prompts: int = 32
-    new_tokens: int = 64
-    collect_batch: int = 296  # (1152 + 32) / 4: four equal batches
-    collect_mode: str = "fast"  # engine mode for the data: bf16 GEMMs where the CPU has them (2-3x faster)
-    temperature: float = 0.7  # sampled continuations
-    sampled_every: int = 2
-    draft_vocab: int = 4096
-    inner: int = 768
-    steps: int = 500
-    batch: int = 16
-    lr: float = 2e-3
-    ttt_steps: int = 3
-    seed: int = 0
+    """The training recipe's knobs (defaults: the documented SmolLM2-135M recipe, <= 10 min on 2 cores);
+    each field's ``help`` is what ``edgefm-llm train-draft --help`` shows for it."""
+    prompts: int = _knob(1152, "training prompts (built-in task x topic grid)")
+    val_prompts: int = _knob(32, "validation prompts")
+    new_tokens: int = _knob(64, "target continuation length per prompt")
+    collect_batch: int = _knob(296, "prompts per data-collection batch ((1152 + 32) / 4: four equal batches)")
+    collect_mode: str = _knob("fast", "engine mode that generates the training data (same weights): exact, fast "
+                                      "or reference (fast: bf16 GEMMs where the CPU has them, 2-3x faster)")
+    temperature: float = _knob(0.7, "of the sampled continuations")
+    sampled_every: int = _knob(2, "every n-th continuation is sampled, the others greedy (0: all greedy)")
+    draft_vocab: int = _knob(4096, "draft vocabulary size")
+    inner: int = _knob(768, "draft MLP width")
+    steps: int = _knob(500, "training steps")
+    batch: int = _knob(16, "training batch")
+    lr: float = _knob(2e-3, "learning rate")
+    ttt_steps: int = _knob(3, "training-time-test draft steps")
+    seed: int = _knob(0, "random seed")
 
     def __post_init__(self) -> None:
         for name in ("prompts", "val_prompts", "new_tokens", "collect_batch", "draft_vocab", "inner", "steps",

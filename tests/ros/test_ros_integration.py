@@ -3,14 +3,13 @@ recorded and checked: chunks produced, commands at the configured rate, queue ne
 joint order, monotone time stamps."""
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 import pytest
 
 from replay_helpers import (COMMAND_ORDER, COMMAND_TOPIC, JOINTS, assert_on_time, graph_nodes, node_params,
-                            realtime_applied, realtime_permitted, record_topics)
+                            realtime_applied, realtime_expected, record_topics)
 
 
 def explained_by_chunks(cmd: np.ndarray, chunks: list[np.ndarray], tol: float = 1e-4) -> bool:
@@ -78,7 +77,7 @@ def test_replay_through_the_nodes(ros, tiny_model, short_bag, tmp_path, ros_doma
     first_chunk = run.chunk_recv[0]
     timing = command_timing(run, 1 / 50, first_chunk + 0.5, t_end)
     assert timing["rate_hz"] == pytest.approx(50.0, rel=0.02), timing
-    assert realtime == (os.geteuid() == 0 and realtime_permitted())  # params ask for it when root
+    assert realtime == realtime_expected()
     assert_on_time(timing["commands"], timing["missed"], timing["early"], realtime)
 
     # queue never empty after warm-up (while the bag plays)

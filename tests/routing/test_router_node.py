@@ -66,13 +66,9 @@ class Harness:
         self.thread.start()
 
     def _spin(self):
-        while self.context.ok():
-            try:
-                self.executor.spin_once(timeout_sec=0.05)
-            except Exception:
-                if not self.context.ok():
-                    break
-                raise
+        from edgefm_ros.ros.spin import spin_until_shutdown
+
+        spin_until_shutdown(self.executor, self.context)
 
     def _on_route(self, msg):
         with self.lock:

@@ -28,10 +28,15 @@ from .sampling import accept_among, draw, target_dist
 from .tree import DEFAULT_RANK_ACCEPT, TreeShape, tree_mask, tree_positions
 
 
+def rank_accept(draft: DraftHead):
+    """The per-depth rank acceptance measured when the draft was trained (``rank_accept`` in its
+    metadata), else ``DEFAULT_RANK_ACCEPT``."""
+    return draft.meta.get("rank_accept") or DEFAULT_RANK_ACCEPT
+
+
 def draft_tree(draft: DraftHead, nodes: int, max_depth: int = 6) -> TreeShape:
-    """The best static tree of ``nodes`` nodes for this draft: from the per-depth rank acceptance measured
-    when it was trained (``rank_accept`` in its metadata), else ``DEFAULT_RANK_ACCEPT``."""
-    return TreeShape.best(nodes, draft.meta.get("rank_accept") or DEFAULT_RANK_ACCEPT, max_depth)
+    """The best static tree of ``nodes`` nodes for this draft, scored with its ``rank_accept``."""
+    return TreeShape.best(nodes, rank_accept(draft), max_depth)
 
 
 class SpeculativeDecoder:

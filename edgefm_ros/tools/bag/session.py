@@ -97,13 +97,9 @@ class ReplaySession:
         return self
 
     def _spin_loop(self) -> None:
-        while self.context.ok():
-            try:
-                self.executor.spin_once(timeout_sec=0.1)
-            except Exception:
-                if not self.context.ok():
-                    break
-                raise
+        from edgefm_ros.ros.spin import spin_until_shutdown
+
+        spin_until_shutdown(self.executor, self.context, period_s=0.1)
 
     def start_node(self, name: str) -> subprocess.Popen:
         env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain_id), PYTHONUNBUFFERED="1", **self.node_env.get(name, {}))
