@@ -23,7 +23,7 @@ setup(
         "pyyaml>=6.0",
     ],
     extras_require={
-        "tools": ["opencv-python-headless", "rosbags", "rosbags-image", "matplotlib", "psutil"],
+        "tools": ["opencv-python-headless", "rosbags", "rosbags-image", "matplotlib", "psutil", "imageio-ffmpeg"],
         "test": ["pytest", "psutil"],
     },
     entry_points={

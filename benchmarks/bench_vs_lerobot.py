@@ -72,13 +72,13 @@ def main() -> int:
                 mode = name.split("_")[1]
                 run([sys.executable, "-m", "edgefm_ros.tools.vla_cli", "bench", "--checkpoint", str(art / "checkpoint"),
                      "--vlm", str(vlm), "--inputs", str(art / "golden" / "inputs.safetensors"), "--mode", mode,
-                     "--json", str(out)] + common + threads)
+                     "--json", str(out), "--vision-position-ids", "legacy"] + common + threads)
             results[name].append(json.loads(out.read_text()))
     # accuracy of fast mode vs exact and vs the golden, on the same inputs and noise
     for mode in ("exact", "fast"):
         run([sys.executable, "-m", "edgefm_ros.tools.vla_cli", "predict", "--checkpoint", str(art / "checkpoint"),
              "--vlm", str(vlm), "--inputs", str(art / "golden" / "inputs.safetensors"), "--mode", mode,
-             "--out", str(tmp / f"actions_{mode}.safetensors")])
+             "--out", str(tmp / f"actions_{mode}.safetensors"), "--vision-position-ids", "legacy"])
     from safetensors.torch import load_file
 
     ex = load_file(str(tmp / "actions_exact.safetensors"))["actions"]

@@ -143,7 +143,8 @@ def time_engine(ckpt, vlm, mode, inp, noise, golden, args) -> dict:
     """edgefm in one mode (and, for fast, with the decode loop graph-captured): errors and CUDA-event times."""
     hw = f"cuda_sm{''.join(map(str, torch.cuda.get_device_capability()))}"
     tables = skills.tables_for(hw) if mode == "fast" else []  # the GPU skills that can run here
-    eng = Engine.from_checkpoint(ckpt, vlm, mode=mode, device="cuda", tables=tables)
+    # the goldens are LeRobot 0.4.4's (transformers 4.57): its vision position ids
+    eng = Engine.from_checkpoint(ckpt, vlm, mode=mode, device="cuda", tables=tables, vision_position_ids="legacy")
     runs = {f"edgefm {mode}": (rel(eng.sample(inp, noise).float().cpu(), golden),
                                cuda_time(lambda: eng.sample(inp, noise), args.warmup, args.runs))}
     out = {"runs": runs}

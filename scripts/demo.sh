@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the demo (bag -> nodes -> recorded output, summary and plot) in the set-up environment.
+# Runs the demo in the set-up environment: the closed loop in simulation (sim_node + vla_node + action_node
+# with the trained checkpoint: report, video, plot); `--bag [BAG]` runs the bag replay instead.
 # Extra arguments go to edgefm-demo (see `edgefm-demo --help`).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -38,3 +38,7 @@ export RMW_IMPLEMENTATION="${RMW_IMPLEMENTATION:-rmw_fastrtps_cpp}"
 # Fast DDS 2.x (Jazzy) and 3.x (Kilted) read their XML profile from different variables.
 export FASTRTPS_DEFAULT_PROFILES_FILE="$EDGEFM_ROOT/config/fastdds_shm.xml"
 export FASTDDS_DEFAULT_PROFILES_FILE="$EDGEFM_ROOT/config/fastdds_shm.xml"
+# The simulator (edgefm_ros/sim) renders headless through Mesa: EGL unless the caller chose (osmesa needs
+# PyOpenGL told too).
+export MUJOCO_GL="${MUJOCO_GL:-egl}"
+if [[ $MUJOCO_GL == osmesa ]]; then export PYOPENGL_PLATFORM="${PYOPENGL_PLATFORM:-osmesa}"; fi

@@ -43,6 +43,22 @@ if ! command -v nginx >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; t
   fi
 fi
 
+# Headless OpenGL for the simulator's cameras (MuJoCo through Mesa: EGL, or OSMesa as the fallback;
+# scripts/env.sh sets MUJOCO_GL). Installed from Debian's packages when missing.
+if ! ldconfig -p 2>/dev/null | grep -q libEGL_mesa || ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  if command -v apt-get >/dev/null 2>&1; then
+    step "apt-get install Mesa EGL/OSMesa (libegl1 libegl-mesa0 libgl1-mesa-dri libgles2 libosmesa6)"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq >/dev/null && $SUDO apt-get install -y -qq libegl1 libegl-mesa0 libgl1-mesa-dri \
+      libgles2 libosmesa6 >/dev/null \
+      || echo "setup: could not install Mesa EGL/OSMesa; the simulator's tests will skip" >&2
+  else
+    echo "setup: no apt-get; install Mesa's EGL or OSMesa for the simulator" >&2
+  fi
+fi
+
 step "torch 2.13.0 (CPU, local disk)"
 pip_install torch==2.13.0
 
@@ -101,6 +117,51 @@ step "colcon build"
     > "$ROOT/log/setup_colcon_build.log" 2>&1 \
     || { tail -n 60 "$ROOT/log/setup_colcon_build.log" >&2; echo "setup: colcon build failed (log/setup_colcon_build.log)" >&2; exit 1; }
 )
+
+# ROS 2 launch, launch_testing and the `ros2` CLI: not on PyPI; their upstream Jazzy sources lie in
+# ../shared/ros2-jazzy (a robot with ROS 2 from its distribution's packages has them already). Pure-Python
+# packages pip-installed from a copy (pip builds in the source tree; shared/ may be read-only), the
+# composition_interfaces messages (launch_ros imports them) built by colcon into our install space.
+# Without the folder everything else works; the launch and CLI tests skip.
+ROS2_TOOLS="$ROOT/../shared/ros2-jazzy"
+ROS2_TOOL_PKGS=(launch launch_xml launch_yaml launch_testing launch_ros ros2launch launch_testing_ros ros2cli
+  ros2topic ros2node ros2lifecycle ros2param ros2pkg ros2run ros2service ros2interface ros2action rosidl_runtime_py)
+if [[ -d "$ROS2_TOOLS/src/launch_ros" ]]; then
+  stamp="$VENV/.ros2_tools.stamp"
+  want="$(cat "$ROS2_TOOLS/README.md" "$ROS2_TOOLS"/src/*/package.xml | sha256sum | cut -c1-16)"
+  if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" || ! -x "$VENV/bin/ros2" \
+        || ! -d "$ROOT/install/composition_interfaces" ]]; then
+    step "ROS 2 launch + ros2 CLI from $ROS2_TOOLS (pip --no-deps) and composition_interfaces (colcon)"
+    pip_install osrf-pycommon==2.0.2 argcomplete==3.7.2
+    src="$ROOT/build/ros2_tools_src"
+    rm -rf "$src" && mkdir -p "$src"
+    for p in "${ROS2_TOOL_PKGS[@]}"; do
+      cp -r "$ROS2_TOOLS/src/$p" "$src/$p"
+      rm -rf "$src/$p/build" "$src/$p"/*.egg-info
+      chmod -R u+w "$src/$p"
+    done
+    pip_install --no-deps --no-build-isolation "${ROS2_TOOL_PKGS[@]/#/$src/}"
+    (
+      set +u
+      # shellcheck disable=SC1091
+      source "$VENV/bin/activate"
+      set -u
+      export AMENT_PREFIX_PATH="$VENV"
+      unset COLCON_PREFIX_PATH CMAKE_PREFIX_PATH
+      colcon build --paths "$ROS2_TOOLS/src/composition_interfaces" --build-base "$ROOT/build" \
+        --install-base "$ROOT/install" --event-handlers console_direct+ \
+        --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$VENV/bin/python" \
+        > "$ROOT/log/setup_colcon_build_ros2_tools.log" 2>&1 \
+        || { tail -n 40 "$ROOT/log/setup_colcon_build_ros2_tools.log" >&2
+             echo "setup: composition_interfaces build failed (log/setup_colcon_build_ros2_tools.log)" >&2; exit 1; }
+    )
+    echo "$want" > "$stamp"
+  else
+    step "ROS 2 launch + ros2 CLI: up to date"
+  fi
+else
+  step "ROS 2 launch + ros2 CLI: $ROS2_TOOLS not found, skipped (launch and CLI tests will skip)"
+fi
 
 step "compiled CPU kernels (kernels/csrc, into the cache; a failure only means torch/MKL paths are used)"
 if ! "$VENV/bin/python" - <<'PY'

@@ -1,6 +1,7 @@
 """``edgefm-cloud``: serve the edgefm runtime over the Open Inference Protocol.
 
-  edgefm-cloud serve --checkpoint DIR [--vlm DIR] [--mode exact|fast] [--host 127.0.0.1] [--port 8080]
+  edgefm-cloud serve --checkpoint DIR [--vlm DIR] [--mode exact|fast] [--vision-position-ids auto|legacy|fixed]
+                     [--host 127.0.0.1] [--port 8080]
                      [--grpc-port N] [--token-file F | --token T] [--tls-cert C --tls-key K] ...
   edgefm-cloud serve --task vqa [--checkpoint SMOLVLM2_DIR | FILE.gguf] ...   (scene questions)
 
@@ -14,6 +15,7 @@ import sys
 
 from edgefm_ros.cloud.client_base import TOKEN_ENV, read_token
 from edgefm_ros.cloud.serving import ServeConfig
+from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
                    "package's SmolLM2-135M-Instruct)")
     s.add_argument("--vlm", default=None, help="VLM config/tokenizer directory (default: from the checkpoint)")
     s.add_argument("--mode", choices=("exact", "fast"), default="exact")
+    s.add_argument("--vision-position-ids", choices=VISION_POSITION_ID_CHOICES, default="auto",
+                   help="vla: SmolVLM vision position ids of the checkpoint: legacy (LeRobot 0.4.x), fixed (LeRobot "
+                        "0.3.x / >= 0.5), auto (its edgefm_numerics.json or LeRobot record, else fixed; see README)")
     s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda when available")
     s.add_argument("--model-name", default=None,
                    help="model name in the v2 URLs (default: smolvla; vqa for --task vqa)")
@@ -65,7 +70,8 @@ def _token(args) -> str | None:
 def config_from_args(args) -> ServeConfig:
     model_name = args.model_name or ("vqa" if args.task == "vqa" else "smolvla")
     return ServeConfig(
-        checkpoint=args.checkpoint or "", vlm=args.vlm, mode=args.mode, device=args.device, model_name=model_name,
+        checkpoint=args.checkpoint or "", vlm=args.vlm, mode=args.mode, vision_position_ids=args.vision_position_ids,
+        device=args.device, model_name=model_name,
         task=args.task, capacity=args.capacity, host=args.host,
         port=args.port, grpc_port=args.grpc_port, token=_token(args), tls_cert=args.tls_cert, tls_key=args.tls_key,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), threads=args.threads, workers=args.workers,

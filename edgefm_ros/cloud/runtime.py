@@ -33,7 +33,7 @@ def build_engine(cfg: RuntimeConfig):
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     engine = Engine.from_checkpoint(cfg.checkpoint, vlm_dir=cfg.vlm, mode=cfg.mode, threads=cfg.threads,
-                                    device=device)
+                                    device=device, vision_position_ids=cfg.vision_position_ids)
     engine.warmup()
     return engine
 
@@ -51,8 +51,8 @@ class EdgeFMRuntime(EngineRuntime):
     def _loaded(self, load_s: float) -> None:
         self._limits = limits_for(self._engine.spec, self._cfg)
         self._runs = 0  # chunks computed (only the engine thread writes it)
-        log.info("edgefm engine %s (%s) loaded and warmed up in %.2f s", self._engine.spec.name, self._cfg.mode,
-                 load_s)
+        log.info("edgefm engine %s (%s, vision position ids %s) loaded and warmed up in %.2f s",
+                 self._engine.spec.name, self._cfg.mode, self._engine.vision_position_ids, load_s)
 
     def _run(self, req: DecodedRequest, received: float, fault_delay_s: float) -> tuple[Any, dict]:
         started = time.perf_counter()

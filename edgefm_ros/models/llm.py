@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgefm_ros.runtime.config import TextConfig, VlmConfig
-
+from .config import TextConfig, VlmConfig
 from .siglip import Connector, VisionEncoder
 from .smollm import LlamaLayer
 
@@ -126,7 +125,8 @@ class SmolVLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         body = root.scoped("model.")
-        self.vision = VisionEncoder(cfg.vlm, ops, body.scoped("vision_model."))
+        # the chat path follows the transformers it is tested against (4.57, requirements.txt): legacy ids
+        self.vision = VisionEncoder(cfg.vlm, ops, body.scoped("vision_model."), "legacy")
         self.connector = Connector(cfg.vlm, ops, body.scoped("connector."))
         self.lm = CausalLM(cfg.llm, ops, body.scoped("text_model."), root)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edgefm_ros.runtime.config import VisionConfig, VlmConfig
+from .config import VISION_POSITION_IDS, VisionConfig, VlmConfig
 
 
 class SiglipLayer(nn.Module):
@@ -33,31 +33,47 @@ class SiglipLayer(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def patch_position_ids(grid_h: int, grid_w: int, side: int) -> torch.Tensor:
-    """Position-embedding ids of a grid_h x grid_w patch grid. [N] i64
+def patch_position_ids(grid_h: int, grid_w: int, side: int, convention: str) -> torch.Tensor:
+    """Position-embedding ids of a grid_h x grid_w patch grid, bucketed into ``side`` bins per axis. [N] i64
 
-    Fractional patch coordinates ``i / n * (1 - 1e-6)`` bucketed into ``side`` bins, as transformers'
-    SmolVLM embeddings compute them (the 1e-6 shrink moves coordinates that land exactly on a bin edge
-    into the bin below, so for a full grid row/column 1 reuses embedding 0): LeRobot's numerics.
+    Both conventions bucket a float32 fractional coordinate against the boundaries k/side (right-closed):
+    - ``legacy`` (transformers 4.55.1-4.57, LeRobot 0.4.x): ``i / n * (1 - 1e-6)``; a coordinate on a
+      boundary drops into the bin below, so a full power-of-two grid gives [0, 0, 1, ..., n-2] per axis;
+    - ``fixed`` (transformers 5.x, LeRobot >= 0.5): ``min(i * (1 / n), 1 - 1e-6)``, which gives
+      [0, 1, ..., n-1] on a full grid. transformers <= 4.54 (LeRobot 0.3.x, SmolVLA's pretraining) reached
+      the same ids on power-of-two grids (SmolVLA's 32) by another rule that differs on some other n.
     """
-    bounds = torch.arange(1 / side, 1.0, 1 / side)
-    rows = torch.bucketize(torch.arange(grid_h) / grid_h * (1 - 1e-6), bounds, right=True)
-    cols = torch.bucketize(torch.arange(grid_w) / grid_w * (1 - 1e-6), bounds, right=True)
+    if convention not in VISION_POSITION_IDS:
+        raise ValueError(f"vision position-id convention must be one of {VISION_POSITION_IDS}, got {convention!r}")
+    bounds = torch.arange(1 / side, 1.0, 1 / side)  # [side - 1] f32
+
+    def coords(n: int) -> torch.Tensor:  # [n] f32
+        i = torch.arange(n, dtype=torch.float32)
+        if convention == "legacy":
+            return i / torch.tensor(n) * (1 - 1e-6)
+        return torch.clamp(i * (1.0 / torch.tensor(n)), max=1.0 - 1e-6)
+
+    rows = torch.bucketize(coords(grid_h), bounds, right=True)
+    cols = torch.bucketize(coords(grid_w), bounds, right=True)
     return (rows[:, None] * side + cols).flatten()
 
 
 class VisionEncoder(nn.Module):
-    """Pixels [B, 3, S, S] in [-1, 1] -> image tokens [B, T, text_hidden] (tower + connector)."""
+    """Pixels [B, 3, S, S] in [-1, 1] -> image tokens [B, T, text_hidden] (tower + connector).
 
-    def __init__(self, cfg: VlmConfig, ops, w):
+    ``position_ids`` is the convention of ``patch_position_ids``: the position table is gathered with it once.
+    """
+
+    def __init__(self, cfg: VlmConfig, ops, w, position_ids: str):
         super().__init__()
         v = cfg.vision
         self.patch = ops.build("patch_embed", "vision.patch_embedding", "vision_patch", f"p{v.patch}x{v.hidden}",
                                weight=w("embeddings.patch_embedding.weight", v.hidden, 3, v.patch, v.patch),
                                bias=w("embeddings.patch_embedding.bias", v.hidden))
         pos = w("embeddings.position_embedding.weight", v.grid * v.grid, v.hidden)
-        # positions are static for a fixed input size: gather the table once
-        self.register_buffer("pos", pos[patch_position_ids(v.grid, v.grid, v.grid)].clone(), persistent=False)
+        # positions are static for a fixed input size: gather the table once, in the chosen convention
+        ids = patch_position_ids(v.grid, v.grid, v.grid, position_ids)
+        self.register_buffer("pos", pos[ids].clone(), persistent=False)  # [N, H]
         self.layers = nn.ModuleList(SiglipLayer(v, ops, w.scoped(f"encoder.layers.{i}."), f"vision.layers.{i}")
                                     for i in range(v.layers))
         self.post_norm = ops.layer_norm("vision.post_layernorm", "vision_norm", w("post_layernorm.weight", v.hidden),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from edgefm_ros.runtime.config import TextConfig
+from .config import TextConfig
 
 
 class LlamaLayer(nn.Module):

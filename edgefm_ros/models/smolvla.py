@@ -1,4 +1,4 @@
-"""SmolVLA: vision-language prefix + flow-matching action expert (LeRobot 0.4.4 semantics)."""
+"""SmolVLA: vision-language prefix + flow-matching action expert (LeRobot 0.4.4 / 0.6.x semantics)."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgefm_ros.runtime.config import SmolVLAConfig, VlmConfig, expert_inner
-
+from .config import SmolVLAConfig, VlmConfig, expert_inner
 from .expert import ExpertLayer
 from .siglip import Connector, VisionEncoder
 from .smollm import SmolLM
@@ -24,7 +23,9 @@ def sinusoidal_time_embedding(t: torch.Tensor, dim: int, min_period: float, max_
 
 
 class SmolVLA(nn.Module):
-    def __init__(self, cfg: SmolVLAConfig, vlm: VlmConfig, ops, weights):
+    """``vision_position_ids``: "legacy" or "fixed" (siglip.patch_position_ids), fixed for the model's life."""
+
+    def __init__(self, cfg: SmolVLAConfig, vlm: VlmConfig, ops, weights, vision_position_ids: str):
         super().__init__()
         self.cfg, self.vlm_cfg = cfg, vlm
         text = vlm.text
@@ -33,7 +34,7 @@ class SmolVLA(nn.Module):
         inner = expert_inner(self.expert_hidden)
         root = weights.scoped("model.")
         vw = root.scoped("vlm_with_expert.vlm.model.")
-        self.vision = VisionEncoder(vlm, ops, vw.scoped("vision_model."))
+        self.vision = VisionEncoder(vlm, ops, vw.scoped("vision_model."), vision_position_ids)
         self.connector = Connector(vlm, ops, vw.scoped("connector."))
         self.text = SmolLM(text, cfg.num_vlm_layers, ops, vw.scoped("text_model."))
         ew = root.scoped("vlm_with_expert.lm_expert.")

@@ -17,7 +17,7 @@ from builtin_interfaces.msg import Duration
 
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Float64MultiArray
+from std_msgs.msg import Float64MultiArray, Header
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from edgefm_ros.control.commander import Command
@@ -29,7 +29,7 @@ from edgefm_ros.msg import QueueStatus
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.action_params import NODE_NAME, PARAMS, ActionNodeConfig, make_config
-from edgefm_ros.ros.convert import msg_to_chunk, to_stamp
+from edgefm_ros.ros.convert import msg_to_chunk, to_sec, to_stamp
 from edgefm_ros.ros.params import declare
 from edgefm_ros.ros.spin import run_node
 
@@ -86,6 +86,8 @@ class ActionNode(LifecycleNode):
         self._cmd_pub = self.create_lifecycle_publisher(COMMAND_MSG[c.command_type], c.command_topic, qos.RELIABLE)
         self._status_pub = self.create_lifecycle_publisher(QueueStatus, c.queue_status_topic, qos.RELIABLE)
         self._chunk_sub = self.create_subscription(ActionChunkMsg, c.chunk_topic, self._on_chunk, qos.RELIABLE)
+        self._episode_sub = self.create_subscription(Header, c.episode_start_topic, self._on_episode_start,
+                                                     qos.RELIABLE) if c.episode_start_topic else None
         self.get_logger().info(f"configured: {c.control_rate_hz:g} Hz, {c.command_type} on {c.command_topic}, "
                                f"aggregate {c.aggregate}, threshold {c.chunk_size_threshold:g}")
         return super().on_configure(state)
@@ -118,6 +120,8 @@ class ActionNode(LifecycleNode):
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_loop()
         self.destroy_subscription(self._chunk_sub)
+        if self._episode_sub is not None:
+            self.destroy_subscription(self._episode_sub)
         self.destroy_lifecycle_publisher(self._cmd_pub)
         self.destroy_lifecycle_publisher(self._status_pub)
         self.core = None
@@ -148,9 +152,18 @@ class ActionNode(LifecycleNode):
             self._bad_chunks = (self._bad_chunks + [str(e)])[-3:]
             self.get_logger().warning(f"chunk {msg.sequence} refused: {e}", throttle_duration_sec=1.0)
             return
-        if r.scheduled == 0:
+        if r.stale:
+            self.get_logger().info(f"chunk {msg.sequence} was observed before the episode started: dropped")
+        elif r.scheduled == 0:
             self.get_logger().warning(f"chunk {msg.sequence} arrived {r.latency_s:.3f}s after its observation: "
                                       "entirely in the past, dropped", throttle_duration_sec=1.0)
+
+    def _on_episode_start(self, msg: Header) -> None:
+        if self.core is None:
+            return
+        t = to_sec(msg.stamp)
+        self.core.reset(t if t > 0 else self._now())
+        self.get_logger().info(f"episode start {msg.frame_id!r}: queue and held position dropped")
 
     def _command(self, cmd: Command):
         return command_msg(self.cfg.command_type, self.core.joint_names, cmd.positions,
@@ -213,6 +226,7 @@ class ActionNode(LifecycleNode):
                            "realtime": self._realtime,
                            "queue_depth": st.queue_size, "chunk_ticks": st.chunk_size, "chunks": cnt.chunks,
                            "rejected_chunks": cnt.rejected_chunks, "late_chunks": cnt.late_chunks,
+                           "stale_chunks": cnt.stale_chunks,
                            "underruns": cnt.underruns, "waiting_ticks": cnt.waiting_ticks,
                            "last_chunk_sequence": cnt.last_seq, "holding": bool(self._holding_reason)})
             values.update(self.core.arrival_latency.summary("chunk_latency_ms", 1e3))

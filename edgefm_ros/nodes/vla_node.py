@@ -150,7 +150,8 @@ class VlaNode(LifecycleNode):
 
             t0 = time.perf_counter()
             self.engine = Engine.from_checkpoint(_expand(c.checkpoint), _expand(c.vlm_dir), mode=c.mode,
-                                                 tables=[_expand(t) for t in c.tables], threads=c.threads or None)
+                                                 tables=[_expand(t) for t in c.tables], threads=c.threads or None,
+                                                 vision_position_ids=c.vision_position_ids)
             self._check_spec(c, self.engine.spec)
         except Exception as e:  # bad parameters or checkpoint: stay unconfigured, say why
             log.error(f"configure failed: {e}")
@@ -158,7 +159,8 @@ class VlaNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         spec = self.engine.spec
         log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras {list(spec.camera_keys)}, "
-                 f"state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}")
+                 f"state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}, vision position ids "
+                 f"{self.engine.vision_position_ids}")
         self.order = JointOrder(c.state_joint_names)
         self.cache = SensorCache(c.camera_keys)
         self.cache.put_task(c.default_task, 0.0)
@@ -341,6 +343,8 @@ class VlaNode(LifecycleNode):
                 chunk, served = self._edge(obs, seq, source, noise)
             except ValueError as e:
                 return self._refuse(Refusal("model_rejected", str(e)))
+        if c.inference_delay_ms > 0:  # a slower model, simulated: the chunk is published this much later
+            time.sleep(c.inference_delay_ms * 1e-3)
         ready = self._now()
         chunk = dataclasses.replace(chunk, joint_names=c.action_names, stamp=obs.stamp, seq=seq,
                                     source=source, dt=1.0 / c.action_rate_hz, inference_s=ready - obs.stamp)

@@ -25,6 +25,9 @@ PARAMS = (
               "(1.0: infer continuously).", range=(0.0, 1.0)),
     ParamSpec("chunk_topic", "str", "edgefm/action_chunk", "Input: edgefm_ros/ActionChunk."),
     ParamSpec("queue_status_topic", "str", "edgefm/queue_status", "Output: edgefm_ros/QueueStatus, every tick."),
+    ParamSpec("episode_start_topic", "str", "edgefm/episode_start", "Input: std_msgs/Header at each new episode "
+              "(e.g. sim_node's reset): the queue and the held position are dropped and chunks observed before "
+              "header.stamp are discarded; empty: no subscription."),
     ParamSpec("producer_timeout_s", "float", 2.0, "No chunk for this long while holding is reported as a "
               "lost producer (vla_node down).", range=(0.01, 3600.0)),
     ParamSpec("spin_s", "float", 0.0, "Busy-wait this long before each tick deadline (0: sleep only).",
@@ -46,6 +49,7 @@ class ActionNodeConfig:
     chunk_size_threshold: float
     chunk_topic: str
     queue_status_topic: str
+    episode_start_topic: str
     producer_timeout_s: float
     spin_s: float
     realtime_priority: int

@@ -2,22 +2,74 @@
 executor that serves a process's other work from a thread."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from typing import Callable
 
 import rclpy
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.signals import SignalHandlerOptions
+
+# Launch files set this for the nodes they start: a node whose launcher died (SIGKILL, or `ros2 launch`'s
+# own SIGTERM handling, which leaves its processes running) shuts down as if it had been sent SIGTERM.
+EXIT_WITH_PARENT_ENV = "EDGEFM_EXIT_WITH_PARENT"
+# A shutdown request repeated this long after the first ends the process at once (a model still loading in
+# a lifecycle transition cannot be interrupted; `ros2 launch` sends SIGTERM 5 s after SIGINT, then SIGKILL).
+# Requests closer together are one: a terminal's Ctrl-C reaches every process of the group and `ros2 launch`
+# forwards it as well.
+FORCE_AFTER_S = 2.0
+
+
+class ShutdownRequest:
+    """SIGINT and SIGTERM as a flag the spin loop polls, instead of rclpy's handlers: those shut the
+    context down from a signal thread while the node's own threads still publish, and raise
+    KeyboardInterrupt at whatever line the main thread is on, cleanup included."""
+
+    def __init__(self, logger) -> None:
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self._first = 0.0
+        self._logger = logger
+        self._parent = os.getppid() if os.environ.get(EXIT_WITH_PARENT_ENV) == "1" else None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        now = time.monotonic()
+        if not self.event.is_set():
+            self.signal, self._first = signum, now
+            self.event.set()
+        elif now - self._first >= FORCE_AFTER_S:
+            # still not down (a blocking transition, a long join): the launcher's next step is SIGKILL;
+            # _exit runs no finalizer while other threads may still be inside rcl
+            os._exit(0)
+
+    def parent_gone(self) -> bool:
+        return self._parent is not None and os.getppid() != self._parent
+
+    def requested(self) -> bool:
+        if not self.event.is_set() and self.parent_gone():
+            self._logger.warning("launcher process exited: shutting down")
+            self.signal = signal.SIGTERM
+            self.event.set()
+        return self.event.is_set()
 
 
 def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[object], None] | None = None) -> int:
-    """Build the node with ``make()`` and spin it until shutdown.
+    """Build the node with ``make()`` and spin it until SIGINT or SIGTERM (or, started by a launch file, its
+    launcher's death); exit status 0.
 
-    Invalid parameters (ValueError / ParameterException raised while building) are logged as fatal
-    with the reason and give exit status 2; Ctrl-C and external shutdown exit 0. ``stop(node)`` runs
-    before the node is destroyed (worker threads, control loops).
+    The order at shutdown: the spin loop ends (no callback runs after it), ``stop(node)`` stops and joins
+    the node's own threads (control loop, inference worker: nothing publishes after it), then the node is
+    destroyed and rclpy shut down. Invalid parameters (ValueError / ParameterException raised while
+    building) are logged as fatal with the reason and give exit status 2.
     """
-    rclpy.init(args=args)
+    request = ShutdownRequest(rclpy.logging.get_logger(name))
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    context = rclpy.get_default_context()
     try:
         node = make()
     except (ValueError, ParameterException) as e:
@@ -27,12 +79,18 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        while not request.requested() and context.ok():
+            try:
+                executor.spin_once(timeout_sec=0.1)
+            except ExternalShutdownException:
+                break
     finally:
+        if request.signal is not None:
+            node.get_logger().info(f"{signal.Signals(request.signal).name}: shutting down")
         if stop is not None:
             stop(node)
+        executor.remove_node(node)
+        executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
         rclpy.try_shutdown()
     return 0

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.ros.params import ParamSpec, validate
 
 NODE_NAME = "vla_node"
@@ -15,6 +16,10 @@ PARAMS = (
     ParamSpec("vlm_dir", "str", "", "Directory with the VLM config and tokenizer; empty: resolved from the "
               "checkpoint."),
     ParamSpec("mode", "str", "exact", "Engine mode: exact (LeRobot parity) or fast.", choices=("exact", "fast")),
+    ParamSpec("vision_position_ids", "str", "auto", "SmolVLM vision position ids the checkpoint was trained with: "
+              "legacy (LeRobot 0.4.x / transformers 4.55.1-4.57), fixed (LeRobot 0.3.x and >= 0.5, SmolVLA "
+              "pretraining), auto (the checkpoint's edgefm_numerics.json or LeRobot record, else fixed with a "
+              "warning).", choices=VISION_POSITION_ID_CHOICES),
     ParamSpec("threads", "int", 0, "Torch threads for inference; 0: the engine's default.", range=(0, 256)),
     ParamSpec("tables", "str[]", (), "Operator implementation table files loaded after the built-in table."),
     ParamSpec("camera_topics", "str[]", (), "Camera topics (sensor_msgs/Image or CompressedImage)."),
@@ -66,6 +71,8 @@ PARAMS = (
               "as when the edge is the shadow (a served result is logged as the routed candidate)."),
     ParamSpec("shadow_cloud_candidate", "str", "cloud-fp32-512", "Router candidate the cloud's result is logged "
               "as when the cloud is the shadow (its images then go raw, at the captured resolution)."),
+    ParamSpec("inference_delay_ms", "float", 0.0, "Added to every chunk's inference before it is published "
+              "(a fixed extra latency, to measure task success against latency); 0: none.", range=(0.0, 10000.0)),
     ParamSpec("merge_timeout_s", "float", 1.0, "A published chunk not reported merged by action_node within "
               "this is considered lost.", range=(0.01, 60.0)),
     ParamSpec("diagnostics_period_s", "float", 1.0, "Period of /diagnostics.", range=(0.05, 60.0)),
@@ -78,6 +85,7 @@ class VlaNodeConfig:
     checkpoint: str
     vlm_dir: str
     mode: str
+    vision_position_ids: str
     threads: int
     tables: tuple[str, ...]
     camera_topics: tuple[str, ...]
@@ -105,6 +113,7 @@ class VlaNodeConfig:
     shadow_tolerance: float
     shadow_edge_candidate: str
     shadow_cloud_candidate: str
+    inference_delay_ms: float
     merge_timeout_s: float
     diagnostics_period_s: float
     autostart: bool

@@ -4,18 +4,26 @@ A checkpoint directory is what ``lerobot-train`` saves as ``pretrained_model/``:
 ``model.safetensors``, ``policy_preprocessor.json`` / ``policy_postprocessor.json`` with their
 ``*_normalizer_processor.safetensors`` stats. The backbone (VLM) config and tokenizer come from the
 hub id in ``config.json`` (``vlm_model_name``), found in the Hugging Face cache or given explicitly.
+
+What LeRobot's files cannot say (which vision position-id convention the weights were trained with) lives
+in our sidecar ``edgefm_numerics.json`` beside them: LeRobot parses config.json strictly, so nothing is
+ever added there. See ``write_numerics`` / ``resolve_vision_position_ids``.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import SmolVLAConfig, VlmConfig
+from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES, VISION_POSITION_IDS, SmolVLAConfig, VlmConfig
 from .safetensors_mmap import MappedSafetensors, SafetensorsError, load_all
+
+log = logging.getLogger(__name__)
 
 PREFIX = "model."
 VLM_PREFIX = "model.vlm_with_expert.vlm."
@@ -218,3 +226,87 @@ def load_checkpoint(path: str | Path, vlm_dir: str | Path | None = None) -> Chec
     if not weights.is_file():
         raise CheckpointError(f"missing file {weights}")
     return Checkpoint(path, cfg, vlm, vdir, load_stats(path, cfg), weights)
+
+
+# ---- vision position-id convention --------------------------------------------------------------------
+NUMERICS_FILE = "edgefm_numerics.json"  # our sidecar in the checkpoint directory
+NUMERICS_FORMAT = 1
+DEFAULT_VISION_POSITION_IDS = "fixed"  # SmolVLA's pretraining and LeRobot >= 0.5 (see README)
+_CARD_VERSION = re.compile(r"\|\s*LeRobot version\s*\|\s*v?(\d+)\.(\d+)[^|]*\|")
+
+
+def write_numerics(ckpt_dir: str | Path, vision_position_ids: str, **extra) -> Path:
+    """Record the numeric conventions a checkpoint was trained with in ``<ckpt_dir>/edgefm_numerics.json``:
+    ``{"format": 1, "vision_position_ids": "legacy"|"fixed", ...extra}``. Returns the file's path."""
+    if vision_position_ids not in VISION_POSITION_IDS:
+        raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_IDS}, got {vision_position_ids!r}")
+    clash = set(extra) & {"format", "vision_position_ids"}
+    if clash:
+        raise ValueError(f"extra keys {sorted(clash)} are reserved")
+    path = Path(ckpt_dir) / NUMERICS_FILE
+    path.write_text(json.dumps({"format": NUMERICS_FORMAT, "vision_position_ids": vision_position_ids, **extra},
+                               indent=2) + "\n")
+    return path
+
+
+def read_numerics(ckpt_dir: str | Path) -> dict | None:
+    """The sidecar's content (validated), or None when the checkpoint has none."""
+    path = Path(ckpt_dir) / NUMERICS_FILE
+    if not path.is_file():
+        return None
+    d = _read_json(path)
+    if not isinstance(d, dict) or d.get("format") != NUMERICS_FORMAT:
+        raise CheckpointError(f"{path}: format {d.get('format') if isinstance(d, dict) else d!r} unsupported "
+                              f"(expected {NUMERICS_FORMAT})")
+    if d.get("vision_position_ids") not in VISION_POSITION_IDS:
+        raise CheckpointError(f"{path}: vision_position_ids {d.get('vision_position_ids')!r} is not one of "
+                              f"{VISION_POSITION_IDS}")
+    return d
+
+
+def convention_of_lerobot(major: int, minor: int) -> str:
+    """The convention LeRobot ``major.minor`` trained with: 0.4.x required transformers 4.53-4.x (in practice
+    4.55.1-4.57: legacy); 0.3.x pinned transformers < 4.52 and 0.5+ transformers 5 (fixed)."""
+    return "legacy" if (major, minor) == (0, 4) else "fixed"
+
+
+def detect_vision_position_ids(ckpt_dir: str | Path) -> tuple[str | None, str]:
+    """(convention, why) from what a checkpoint directory records, or (None, why) when nothing tells."""
+    d = Path(ckpt_dir)
+    numerics = read_numerics(d)
+    if numerics is not None:
+        return numerics["vision_position_ids"], f"{d / NUMERICS_FILE}"
+    card = d / "README.md"  # LeRobot >= 0.5's model card has a "| LeRobot version | x.y.z |" row
+    if card.is_file():
+        m = _CARD_VERSION.search(card.read_text(errors="replace"))
+        if m:
+            major, minor = int(m.group(1)), int(m.group(2))
+            return convention_of_lerobot(major, minor), f"{card}: LeRobot {major}.{minor}"
+    train = d / "train_config.json"  # lerobot-train's; its fields changed between releases
+    if train.is_file():
+        t = _read_json(train)
+        if isinstance(t, dict) and "cudnn_deterministic" in t:
+            return "fixed", f"{train}: LeRobot >= 0.5 (has cudnn_deterministic)"
+        if isinstance(t, dict) and "rename_map" in t:
+            return "legacy", f"{train}: LeRobot 0.4.x (has rename_map, no cudnn_deterministic)"
+    cfg = d / "config.json"
+    if cfg.is_file() and "pretrained_revision" in _read_json(cfg):
+        return "fixed", f"{cfg}: LeRobot >= 0.6 (has pretrained_revision)"
+    return None, "no edgefm_numerics.json, LeRobot model card, train_config.json or version-specific config key"
+
+
+def resolve_vision_position_ids(ckpt_dir: str | Path, requested: str = "auto") -> tuple[str, str]:
+    """(convention, source) for ``requested`` in VISION_POSITION_ID_CHOICES. An explicit choice wins; "auto"
+    reads the checkpoint's record (detect_vision_position_ids) and otherwise falls back, with a warning,
+    to DEFAULT_VISION_POSITION_IDS."""
+    if requested not in VISION_POSITION_ID_CHOICES:
+        raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, got {requested!r}")
+    if requested != "auto":
+        return requested, "requested"
+    found, why = detect_vision_position_ids(ckpt_dir)
+    if found is not None:
+        return found, why
+    log.warning("%s: cannot tell which vision position ids the checkpoint was trained with (%s); using %r "
+                "(LeRobot >= 0.5, SmolVLA pretraining). For a LeRobot 0.4.x fine-tune pass vision_position_ids "
+                "'legacy' or write %s", ckpt_dir, why, DEFAULT_VISION_POSITION_IDS, NUMERICS_FILE)
+    return DEFAULT_VISION_POSITION_IDS, "default"

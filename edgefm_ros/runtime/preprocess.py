@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import NormStats
-from .config import SmolVLAConfig
+from edgefm_ros.models.config import SmolVLAConfig
 
 
 class InputError(ValueError):

@@ -116,11 +116,13 @@ def _probing(sites: dict):
         yield
 
 
-def capture_sites(checkpoint, vlm_dir=None, mode: str = "fast", threads: int | None = None) -> tuple[list[Site], Engine]:
+def capture_sites(checkpoint, vlm_dir=None, mode: str = "fast", threads: int | None = None,
+                  vision_position_ids: str = "auto") -> tuple[list[Site], Engine]:
     """Every distinct op site of the model as built for ``mode``, with its real call shapes."""
     sites: dict = {}
     with _probing(sites):
-        engine = Engine.from_checkpoint(checkpoint, vlm_dir, mode=mode, threads=threads, use_tuned=False)
+        engine = Engine.from_checkpoint(checkpoint, vlm_dir, mode=mode, threads=threads, use_tuned=False,
+                                        vision_position_ids=vision_position_ids)
     engine.warmup()
     return [s for s in sites.values() if s.args is not None], engine
 
@@ -407,10 +409,12 @@ def _library_versions() -> dict:
 
 # ---- end to end -----------------------------------------------------------------------------------
 def end_to_end(checkpoint, vlm_dir, table: Path, mode: str, engine_exact: Engine | None = None,
-               seed: int = 0) -> dict:
+               seed: int = 0, vision_position_ids: str = "auto") -> dict:
     """Actions of the engine with ``table`` vs exact mode on one synthetic observation (same noise)."""
-    tuned = Engine.from_checkpoint(checkpoint, vlm_dir, mode=mode, tables=[table], use_tuned=False)
-    exact = engine_exact or Engine.from_checkpoint(checkpoint, vlm_dir, mode="exact")
+    tuned = Engine.from_checkpoint(checkpoint, vlm_dir, mode=mode, tables=[table], use_tuned=False,
+                                   vision_position_ids=vision_position_ids)
+    exact = engine_exact or Engine.from_checkpoint(checkpoint, vlm_dir, mode="exact",
+                                                   vision_position_ids=vision_position_ids)
     obs = exact.synthetic_observation(seed)
     rng = np.random.default_rng(seed)
     noise = rng.standard_normal((exact.spec.chunk_size, exact.spec.max_action_dim)).astype(np.float32)
@@ -435,7 +439,7 @@ def search_space(sites: list[Site], mode: str) -> list[dict]:
 def tune(checkpoint, vlm_dir=None, out_path=None, budget_s: float = 600.0, dry_run: bool = False,
          resume: bool = True, mode: str = "fast", threads: int | None = None, log: Callable = print,
          check_end_to_end: bool = True, rounds: int = 7, min_site_s: float = MIN_SITE_S,
-         verbose: bool = False) -> int:
+         verbose: bool = False, vision_position_ids: str = "auto") -> int:
     """Search every site of the model; write the winners. Returns 0, or 1 when the end-to-end check fails."""
     if mode not in ("exact", "fast"):
         raise ValueError(f"tune mode must be 'exact' or 'fast', got {mode!r}")
@@ -444,7 +448,7 @@ def tune(checkpoint, vlm_dir=None, out_path=None, budget_s: float = 600.0, dry_r
     t_start = time.perf_counter()
     hw = detect("cpu")
     out = Path(out_path) if out_path else tuned_table_path(hw.profile)
-    sites, engine = capture_sites(checkpoint, vlm_dir, mode, threads)
+    sites, engine = capture_sites(checkpoint, vlm_dir, mode, threads, vision_position_ids)
     del engine  # only its sites are needed: free the weights before timing
     searched = [s for s in sites if s.spec.op_kind in SEARCHED]
     log(f"tune: {len(sites)} op sites ({sum(s.count for s in sites)} ops) on {hw.profile} ({hw.name}, "
@@ -504,7 +508,7 @@ def tune(checkpoint, vlm_dir=None, out_path=None, budget_s: float = 600.0, dry_r
     write_table(out, meta, records)
     status = 0
     if check_end_to_end and records:
-        e2e = end_to_end(checkpoint, vlm_dir, out, mode)
+        e2e = end_to_end(checkpoint, vlm_dir, out, mode, vision_position_ids=vision_position_ids)
         meta["end_to_end"] = e2e
         write_table(out, meta, records)
         log(f"tune: end to end vs exact: action rms {e2e['rms']}, max {e2e['max']} "

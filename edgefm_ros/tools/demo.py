@@ -1,4 +1,5 @@
-"""edgefm-demo: the whole node graph on a replayed bag, end to end, on this machine.
+"""edgefm-demo --bag [BAG]: the whole node graph on a replayed bag, end to end, on this machine. Without
+``--bag``, edgefm-demo is the closed loop in simulation (tools/sim_demo.py).
 
 1. the model: ``--checkpoint`` if given, else the demo checkpoint (``edgefm-vla make-checkpoint``: SmolVLA's
    architecture with deterministic RANDOM weights) made once into a cache dir, else the tiny reference
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.tools.bag.synth import JOINTS
 
 COMMAND_TOPIC = "/edgefm/command"
@@ -44,31 +46,35 @@ class Model:
     vlm_dir: str  # "" when the checkpoint resolves its own
     origin: str  # how it was chosen, for the summary
     random_weights: bool
+    vision_position_ids: str = "auto"  # --vision-position-ids, passed to vla_node and the cloud tier
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgefm_ros"
 
 
-def choose_model(checkpoint: str | None, vlm: str | None, cameras: int, hw: tuple[int, int]) -> Model:
+def choose_model(checkpoint: str | None, vlm: str | None, cameras: int, hw: tuple[int, int],
+                 vision_position_ids: str = "auto") -> Model:
     if checkpoint:
         if not (Path(checkpoint) / "config.json").is_file():
             raise ValueError(f"--checkpoint {checkpoint} holds no config.json")
         readme = Path(checkpoint) / "README.md"
         random = readme.is_file() and "RANDOM WEIGHTS" in readme.read_text()
-        return Model(checkpoint, vlm or "", "local checkpoint (--checkpoint)", random)
+        return Model(checkpoint, vlm or "", "local checkpoint (--checkpoint)", random, vision_position_ids)
     out = cache_dir() / f"demo-smolvla-tiny-seed0-{cameras}cam-{hw[0]}x{hw[1]}"
     try:
         from edgefm_ros.tools.make_checkpoint import make_checkpoint
 
         if not (out / "model.safetensors").is_file():
             make_checkpoint(out, arch="tiny", seed=0, cameras=cameras, raw_hw=hw)
-        return Model(str(out), "", f"demo checkpoint (edgefm-vla make-checkpoint, cached in {out})", True)
+        return Model(str(out), "", f"demo checkpoint (edgefm-vla make-checkpoint, cached in {out})", True,
+                     vision_position_ids)
     except ImportError:
         pass
     ref = REFERENCE / "smolvla-tiny"
     if (ref / "config.json").is_file():
-        return Model(str(ref), str(REFERENCE / "vlm" / "smolvlm-tiny"), "tiny reference checkpoint (../shared)", True)
+        return Model(str(ref), str(REFERENCE / "vlm" / "smolvlm-tiny"), "tiny reference checkpoint (../shared)", True,
+                     vision_position_ids)
     raise ValueError("no model: pass --checkpoint DIR (a LeRobot SmolVLA checkpoint)")
 
 
@@ -104,7 +110,7 @@ class Cloud:
 
 def node_params(m: Model, cfg, args, cloud: Cloud | None = None) -> dict:
     cams = cfg.camera_keys
-    vla = dict(checkpoint=m.checkpoint, vlm_dir=m.vlm_dir, threads=1,
+    vla = dict(checkpoint=m.checkpoint, vlm_dir=m.vlm_dir, vision_position_ids=m.vision_position_ids, threads=1,
                camera_topics=[f"/camera{i + 1}/image_raw/compressed" if i % 2 else f"/camera{i + 1}/image_raw"
                               for i in range(len(cams))],
                camera_keys=list(cams), joint_states_topic="/joint_states",
@@ -290,7 +296,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgefm-demo", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", help="LeRobot SmolVLA checkpoint dir (default: the demo checkpoint)")
     p.add_argument("--vlm", help="VLM config/tokenizer dir of --checkpoint (default: resolved from it)")
-    p.add_argument("--bag", help="bag to replay (default: a synthetic one is generated)")
+    p.add_argument("--vision-position-ids", default="auto", choices=VISION_POSITION_ID_CHOICES,
+                   help="SmolVLM vision position ids of --checkpoint: legacy (LeRobot 0.4.x), fixed (0.3.x, >= 0.5), "
+                        "auto (its edgefm_numerics.json or LeRobot record, else fixed)")
+    p.add_argument("--bag", nargs="?", const="", required=True,
+                   help="the bag replay (this mode): the bag to replay; no value: a synthetic one is generated")
     p.add_argument("--out", default="edgefm_demo_output", help="output dir (bag, logs, record, plot, summary)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of synthetic bag")
     p.add_argument("--width", type=int, default=160)
@@ -329,8 +339,9 @@ def cloud_tier(model: Model, out: Path, shadow: float):
 
     # this run only (192 random bits, 32 characters); vla_node gets it through its environment
     token = secrets.token_urlsafe(24)
-    cfg = ServeConfig(model.checkpoint, vlm=model.vlm_dir or None, mode="exact", port=free_port(), token=token,
-                      threads=1, ready_timeout_s=300.0)
+    cfg = ServeConfig(model.checkpoint, vlm=model.vlm_dir or None, mode="exact",
+                      vision_position_ids=model.vision_position_ids, port=free_port(), token=token, threads=1,
+                      ready_timeout_s=300.0)
     log_path = out / "run" / "cloud.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     shadow_log = out / "shadow.jsonl"
@@ -350,7 +361,7 @@ def run_demo(args) -> dict:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cameras = 2
-    model = choose_model(args.checkpoint, args.vlm, cameras, (args.height, args.width))
+    model = choose_model(args.checkpoint, args.vlm, cameras, (args.height, args.width), args.vision_position_ids)
     cfg = model_spec(model)
     print(f"model: {model.checkpoint} ({model.origin}{'; RANDOM WEIGHTS' if model.random_weights else ''})")
     bag = args.bag
@@ -394,6 +405,11 @@ def run_demo(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not any(a == "--bag" or a.startswith("--bag=") for a in argv):  # the closed loop in simulation
+        from edgefm_ros.tools import sim_demo
+
+        return sim_demo.main(argv)
     args = _parser().parse_args(argv)
     try:
         run_demo(args)

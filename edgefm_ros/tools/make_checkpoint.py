@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from edgefm_ros.runtime.config import SmolVLAConfig, VlmConfig, expert_inner
+from edgefm_ros.models.config import SmolVLAConfig, VlmConfig, expert_inner
+from edgefm_ros.runtime.checkpoint import write_numerics
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
@@ -54,6 +55,35 @@ def write_tokenizer(out: Path) -> int:
         {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<|im_end|>", "bos_token": "<|im_start|>",
          "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "truncation_side": "left"}, indent=2))
     return tok.get_vocab_size()
+
+
+def write_vlm_dir(vdir: Path, arch: dict) -> dict:
+    """The backbone directory of ``arch``: config.json + tokenizer files. Returns the config dict."""
+    vdir.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(vdir)
+    vlm_dict = {"model_type": "smolvlm", "scale_factor": arch["scale_factor"], "vocab_size": vocab,
+                "vision_config": {**arch["vision"], "model_type": "smolvlm_vision"},
+                "text_config": {**arch["text"], "model_type": "llama", "vocab_size": vocab, "rms_norm_eps": 1e-5}}
+    (vdir / "config.json").write_text(json.dumps(vlm_dict, indent=2))
+    return vlm_dict
+
+
+def write_processors(out: Path, stats: dict[str, dict[str, torch.Tensor]], eps: float = 1e-8) -> None:
+    """policy_{pre,post}processor.json + their stats files, LeRobot's layout (MEAN_STD state/action).
+
+    ``stats``: feature key -> {"mean", "std", ... (min/max kept when given)} float32 tensors."""
+    stats = {k: {n: v.float().contiguous() for n, v in s.items()} for k, s in stats.items()}
+    flat = {f"{k}.{n}": v for k, s in stats.items() for n, v in s.items()}
+    save_file(flat, str(out / "policy_preprocessor_step_0_normalizer_processor.safetensors"))
+    save_file({k: v for k, v in flat.items() if k.startswith("action.")},
+              str(out / "policy_postprocessor_step_0_unnormalizer_processor.safetensors"))
+    norm = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    (out / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": [
+        {"registry_name": "normalizer_processor", "config": {"eps": eps, "norm_map": norm},
+         "state_file": "policy_preprocessor_step_0_normalizer_processor.safetensors"}]}, indent=2))
+    (out / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor", "steps": [
+        {"registry_name": "unnormalizer_processor", "config": {"eps": eps, "norm_map": norm},
+         "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"}]}, indent=2))
 
 
 def policy_config(arch: dict, vlm_name: str, cameras: list[str], raw_hw: tuple[int, int], dim: int) -> dict:
@@ -137,13 +167,7 @@ def make_checkpoint(out: str | Path, arch: str = "tiny", seed: int = 0, cameras:
         raise ValueError(f"cameras must be in 1..8, got {cameras}")
     a = ARCHS[arch]
     out = Path(out)
-    vdir = out / "vlm"
-    vdir.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(vdir)
-    vlm_dict = {"model_type": "smolvlm", "scale_factor": a["scale_factor"], "vocab_size": vocab,
-                "vision_config": {**a["vision"], "model_type": "smolvlm_vision"},
-                "text_config": {**a["text"], "model_type": "llama", "vocab_size": vocab, "rms_norm_eps": 1e-5}}
-    (vdir / "config.json").write_text(json.dumps(vlm_dict, indent=2))
+    vlm_dict = write_vlm_dir(out / "vlm", a)
     cams = [f"observation.images.camera{i + 1}" for i in range(cameras)]
     pcfg = policy_config(a, "vlm", cams, raw_hw, dim)  # relative: resolved next to the checkpoint
     (out / "config.json").write_text(json.dumps(pcfg, indent=2))
@@ -151,19 +175,12 @@ def make_checkpoint(out: str | Path, arch: str = "tiny", seed: int = 0, cameras:
     save_file(random_weights(cfg, vlm, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     mean = torch.linspace(-0.5, 0.5, dim)
     std = torch.linspace(0.5, 1.5, dim)
-    save_file({"observation.state.mean": mean + 0.1, "observation.state.std": std.clone(), "action.mean": mean - 0.1,
-               "action.std": std}, str(out / "policy_preprocessor_step_0_normalizer_processor.safetensors"))
-    save_file({"action.mean": mean - 0.1, "action.std": std},
-              str(out / "policy_postprocessor_step_0_unnormalizer_processor.safetensors"))
-    norm = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
-    (out / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": [
-        {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "norm_map": norm},
-         "state_file": "policy_preprocessor_step_0_normalizer_processor.safetensors"}]}, indent=2))
-    (out / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor", "steps": [
-        {"registry_name": "unnormalizer_processor", "config": {"eps": 1e-8, "norm_map": norm},
-         "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"}]}, indent=2))
+    write_processors(out, {"observation.state": {"mean": mean + 0.1, "std": std.clone()},
+                           "action": {"mean": mean - 0.1, "std": std}})
     (out / "README.md").write_text(
         f"# edgefm_ros demo checkpoint ({arch}, seed {seed})\n\nRANDOM WEIGHTS: generated by `edgefm-vla "
         f"make-checkpoint`; it runs SmolVLA's computation but its actions are meaningless. For real control, "
         f"pass a trained LeRobot SmolVLA checkpoint.\n")
+    # untrained: no convention is "right"; record today's LeRobot one so loading it needs no guess
+    write_numerics(out, "fixed", written_by="edgefm-vla make-checkpoint")
     return out

@@ -6,6 +6,10 @@
   edgefm-vla plan    --checkpoint DIR [--vlm DIR] [--mode ...] [--table F.yaml ...]
   edgefm-vla make-checkpoint --out DIR [--arch tiny|full] [--seed N] [--cameras N]
   edgefm-vla tune    --checkpoint DIR [--vlm DIR] [--budget-s S] [--dry-run] [--out F.yaml]
+  edgefm-vla train   --dataset DIR --out CKPT [--arch tiny|small | --init CKPT] [--steps N] [--batch-size B]
+                     [--lr LR] [--seed N] [--threads N] [--chunk-size N] [--n-action-steps N] [--log FILE]
+
+Every command that loads a checkpoint takes --vision-position-ids {auto,legacy,fixed} (default auto).
 
 Inputs use the golden names: images.<i>, img_masks.<i>, lang_tokens, lang_masks, state, noise; with
 --from-raw: raw.<camera key> [B, 3, H, W] in [0, 1], raw.<camera key>_padding_mask, raw.<state key>, and the
@@ -27,7 +31,7 @@ def _engine(args):
     from edgefm_ros.runtime.engine import Engine
 
     return Engine.from_checkpoint(args.checkpoint, vlm_dir=args.vlm, mode=args.mode, tables=args.table,
-                                  threads=args.threads)
+                                  threads=args.threads, vision_position_ids=args.vision_position_ids)
 
 
 def _load_inputs(path: str) -> dict[str, torch.Tensor]:
@@ -124,7 +128,24 @@ def cmd_tune(args) -> int:
     from edgefm_ros.runtime.tune import tune
 
     return tune(checkpoint=args.checkpoint, vlm_dir=args.vlm, out_path=args.out, budget_s=args.budget_s,
-                dry_run=args.dry_run, resume=not args.no_resume, mode=args.mode) or 0
+                dry_run=args.dry_run, resume=not args.no_resume, mode=args.mode,
+                vision_position_ids=args.vision_position_ids) or 0
+
+
+def cmd_train(args) -> int:
+    from edgefm_ros.training.cli import run_train
+
+    return run_train(args)
+
+
+def vision_position_ids_arg(p: argparse.ArgumentParser) -> None:
+    """``--vision-position-ids`` for every command that loads a checkpoint."""
+    from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
+
+    p.add_argument("--vision-position-ids", default="auto", choices=VISION_POSITION_ID_CHOICES,
+                   help="SmolVLM vision position ids the checkpoint was trained with: legacy (LeRobot 0.4.x, "
+                        "transformers 4.55.1-4.57), fixed (LeRobot 0.3.x / >= 0.5, SmolVLA pretraining), auto "
+                        "(the checkpoint's edgefm_numerics.json or LeRobot record, else fixed with a warning)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -137,6 +158,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--mode", default="exact", choices=("exact", "fast", "reference"))
         p.add_argument("--table", action="append", default=[], help="extra dispatch table (repeatable)")
         p.add_argument("--threads", type=int, default=None)
+        vision_position_ids_arg(p)
         if inputs:
             p.add_argument("--inputs", required=True)
             p.add_argument("--from-raw", action="store_true")
@@ -169,7 +191,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=600.0)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--no-resume", action="store_true")
+    vision_position_ids_arg(p)
     p.set_defaults(fn=cmd_tune)
+    p = sub.add_parser("train", help="train a SmolVLA checkpoint on a demonstration dataset (flow matching)")
+    from edgefm_ros.training.cli import add_train_args
+
+    add_train_args(p)
+    p.set_defaults(fn=cmd_train)
     return ap
 
 

@@ -13,15 +13,26 @@ def tiny(shared_reference):
 
 @pytest.fixture(scope="session")
 def goldens(tiny):
+    """(inputs, outputs, intermediates) of LeRobot 0.4.4 (transformers 4.57: legacy vision position ids)."""
     g = tiny[2]
     return load_all(g / "inputs.safetensors"), load_all(g / "outputs.safetensors"), load_all(g / "intermediates.safetensors")
 
 
 @pytest.fixture(scope="session")
+def goldens_by_convention(tiny, goldens):
+    """{vision position-id convention: (inputs, outputs, intermediates)}: legacy = LeRobot 0.4.4's goldens,
+    fixed = LeRobot 0.6.1's (transformers 5) for the same checkpoint, inputs and noise."""
+    g = tiny[0] / "golden-lerobot-0.6.1"
+    return {"legacy": goldens,
+            "fixed": (goldens[0], load_all(g / "outputs.safetensors"), load_all(g / "intermediates.safetensors"))}
+
+
+@pytest.fixture(scope="session")
 def exact_engine(tiny):
+    """Exact mode with the goldens' (LeRobot 0.4.4) vision position ids."""
     from edgefm_ros.runtime.engine import Engine
 
-    return Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="exact")
+    return Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="exact", vision_position_ids="legacy")
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from safetensors.torch import load_file
 
 CLI = [sys.executable, "-m", "edgefm_ros.tools.vla_cli"]
@@ -12,16 +13,19 @@ def run(*args):
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
-def test_predict_writes_golden_actions(tiny, goldens, tmp_path):
+@pytest.mark.parametrize("convention", ["legacy", "fixed"])
+def test_predict_writes_golden_actions(tiny, goldens_by_convention, tmp_path, convention):
+    """--from-raw against LeRobot 0.4.4's goldens (legacy ids) and LeRobot 0.6.1's (fixed)."""
     ckpt, vlm, gold = tiny
+    want = goldens_by_convention[convention][1]
     out = tmp_path / "a.safetensors"
     r = run("predict", "--checkpoint", ckpt, "--vlm", vlm, "--inputs", gold / "inputs.safetensors", "--out", out,
-            "--from-raw")
+            "--from-raw", "--vision-position-ids", convention)
     assert r.returncode == 0, r.stderr
     got = load_file(str(out))
-    assert got["actions"].dtype.is_floating_point and got["actions"].shape == goldens[1]["actions"].shape
-    assert (got["actions"] - goldens[1]["actions"]).abs().max() <= 1e-4
-    assert (got["actions_unnormalized"] - goldens[1]["actions_unnormalized"]).abs().max() <= 1e-4
+    assert got["actions"].dtype.is_floating_point and got["actions"].shape == want["actions"].shape
+    assert (got["actions"] - want["actions"]).abs().max() <= 1e-4
+    assert (got["actions_unnormalized"] - want["actions_unnormalized"]).abs().max() <= 1e-4
 
 
 def test_bench_json_fields(tiny, tmp_path):
@@ -73,3 +77,12 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     r = run("plan", "--checkpoint", tmp_path / "nope")
     assert r.returncode == 2
     assert "nope" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_every_checkpoint_command_takes_the_position_id_choice(tiny):
+    ckpt, vlm, _ = tiny
+    for cmd in ("predict", "bench", "plan", "tune"):
+        r = run(cmd, "--help")
+        assert "--vision-position-ids {auto,legacy,fixed}" in r.stdout.replace("\n", " ").replace("  ", " "), cmd
+    r = run("plan", "--checkpoint", ckpt, "--vlm", vlm, "--vision-position-ids", "newest")
+    assert r.returncode == 2 and "'newest'" in r.stderr

@@ -1,16 +1,22 @@
-"""LeRobot parity on the TINY reference: actions, every prefix KV layer, every denoise step, from raw."""
+"""LeRobot parity on the TINY reference: actions, every prefix KV layer, every denoise step, from raw.
+
+Each vision position-id convention against the LeRobot release that uses it: legacy = LeRobot 0.4.4
+(transformers 4.57), fixed = LeRobot 0.6.1 (transformers 5)."""
 import pytest
 import torch
 
 from edgefm_ros.runtime.engine import Engine
 
 ATOL = 1e-4
+CONVENTIONS = ("legacy", "fixed")
 
 
+@pytest.mark.parametrize("convention", CONVENTIONS)
 @pytest.mark.parametrize("mode", ["reference", "exact"])
-def test_actions_and_intermediates_match_lerobot(tiny, goldens, golden_inputs, mode):
-    inputs, outputs, inter = goldens
-    engine = Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode=mode)
+def test_actions_and_intermediates_match_lerobot(tiny, goldens_by_convention, golden_inputs, mode, convention):
+    inputs, outputs, inter = goldens_by_convention[convention]
+    engine = Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode=mode, vision_position_ids=convention)
+    assert engine.vision_position_ids == convention
     prefix = engine.prefill(golden_inputs)
     assert torch.equal(prefix.pad_mask, inter["prefix_pad_masks"])
     for layer, (k, v) in enumerate(prefix.vlm_kv):  # ours [B, Hkv, P, D]; golden [B, P, Hkv, D]
@@ -39,10 +45,12 @@ def test_prefix_embeddings_match(exact_engine, goldens, golden_inputs):
     assert (m.embed_state(inp.state) - ref[:, -1:]).abs().max() <= ATOL
 
 
-def test_from_raw_matches_unnormalized(exact_engine, goldens, tiny):
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_from_raw_matches_unnormalized(goldens_by_convention, tiny, convention):
     import json
 
-    inputs, outputs, _ = goldens
+    inputs, outputs, _ = goldens_by_convention[convention]
+    exact_engine = Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="exact", vision_position_ids=convention)
     cfg = exact_engine.cfg
     frames = {k: inputs[f"raw.{k}"] for k in cfg.camera_keys}
     masks = {k: inputs[f"raw.{k}_padding_mask"] for k in cfg.camera_keys if f"raw.{k}_padding_mask" in inputs}
@@ -74,3 +82,21 @@ def test_predict_single_observation_matches_batch_row(exact_engine, goldens):
     assert chunk.actions.shape == (cfg.chunk_size, cfg.action_dim)
     np.testing.assert_allclose(chunk.actions, outputs["actions_unnormalized"][0].numpy(), atol=ATOL)
     assert chunk.prefill_s > 0 and chunk.decode_s > 0 and chunk.inference_s >= chunk.prefill_s + chunk.decode_s
+
+
+def test_the_two_conventions_are_told_apart_by_the_goldens(tiny, goldens_by_convention, golden_inputs):
+    """Each convention misses the other release's goldens by far more than the tolerance: the parity
+    tests above could not pass with the wrong convention."""
+    inputs = goldens_by_convention["legacy"][0]
+    for convention, other in (("legacy", "fixed"), ("fixed", "legacy")):
+        engine = Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="exact", vision_position_ids=convention)
+        actions = engine.sample(golden_inputs, inputs["noise"])
+        assert (actions - goldens_by_convention[other][1]["actions"]).abs().max() > 50 * ATOL, (convention, other)
+
+
+def test_fast_mode_follows_the_convention(tiny, exact_engine):
+    """Fast mode gathers its (bf16-cast) vision position table with the same ids as exact mode."""
+    fast = {c: Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="fast", vision_position_ids=c)
+            for c in CONVENTIONS}
+    assert torch.equal(fast["legacy"].model.vision.pos, exact_engine.model.vision.pos)
+    assert not torch.equal(fast["fixed"].model.vision.pos, exact_engine.model.vision.pos)

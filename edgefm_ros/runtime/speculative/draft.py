@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from edgefm_ros.models.smollm import LlamaLayer
-from edgefm_ros.runtime.config import TextConfig
+from edgefm_ros.models.config import TextConfig
 
 from ..dispatch import OpResolver, Record, Table
 from ..generate import LlmEngine

@@ -9,6 +9,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 
+# SmolVLM vision position-id conventions (models/siglip.patch_position_ids) and what a user may ask for
+# ("auto": the checkpoint's record, runtime/checkpoint.resolve_vision_position_ids). Kept here, free of torch,
+# for the parameter and settings modules that validate the choice.
+VISION_POSITION_IDS = ("legacy", "fixed")
+VISION_POSITION_ID_CHOICES = ("auto",) + VISION_POSITION_IDS
+
+
 def _need(d: Mapping[str, Any], key: str, where: str):
     if key not in d:
         raise ValueError(f"{where}: missing key {key!r}")

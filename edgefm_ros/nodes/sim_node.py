@@ -1,0 +1,345 @@
+"""sim_node: the simulated arm (edgefm_ros.sim) as a robot on the ROS graph, in real (wall-clock) time.
+
+Publishes the cameras (Image rgb8, optionally JPEG CompressedImage), the arm's JointState (ee_x, ee_y, ee_z,
+gripper), the episode's instruction (latched), episode events (std_msgs/String JSON: start, success,
+timeout, reset, done) and, at each episode start, a std_msgs/Header that tells action_node to drop its
+queue. Applies the newest command from action_node (JointTrajectory, Float64MultiArray or JointState);
+a malformed one (NaN, wrong length, unknown joints) never reaches the arm: it is counted and reported in
+/diagnostics. Without commands the arm holds its last target.
+
+Lifecycle: configure builds the simulator and the publishers; activate starts the physics thread (steps
+physics up to the wall clock every 1/state_rate_hz, renders the cameras every 1/camera_rate_hz);
+deactivate stops it; cleanup closes the simulator. The episode logic is edgefm_ros.sim.live (no ROS).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import Float64MultiArray, Header, String
+from trajectory_msgs.msg import JointTrajectory
+
+from edgefm_ros.control.stats import RollingStats
+from edgefm_ros.ros import diagnostics as diag
+from edgefm_ros.ros import qos
+from edgefm_ros.ros.convert import rgb_to_image_msg, to_sec, to_stamp
+from edgefm_ros.ros.images import encode_jpeg
+from edgefm_ros.ros.params import declare
+from edgefm_ros.ros.sim_params import NODE_NAME, PARAMS, SimNodeConfig, make_config
+from edgefm_ros.ros.spin import run_node
+
+REJECT_WARN_S = 5.0  # /diagnostics warns this long after a refused command
+COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
+               "joint_state": JointState}
+
+
+def command_fields(msg) -> tuple[list[str], list[float], float]:
+    """(joint names, positions, header stamp in s; 0 when unstamped) of any of the three command types."""
+    if isinstance(msg, JointTrajectory):
+        if not msg.points:
+            raise ValueError("JointTrajectory without points")
+        return list(msg.joint_names), list(msg.points[0].positions), to_sec(msg.header.stamp)
+    if isinstance(msg, JointState):
+        return list(msg.name), list(msg.position), to_sec(msg.header.stamp)
+    return [], list(msg.data), 0.0
+
+
+class SimNode(LifecycleNode):
+    def __init__(self, **kwargs):
+        super().__init__(NODE_NAME, **kwargs)
+        self.values = declare(self, PARAMS)
+        self.cfg: SimNodeConfig | None = None
+        self.env = None
+        self.live = None
+        self._stop = threading.Event()  # the simulator thread ends (cleanup, shutdown)
+        self._running = threading.Event()  # physics runs (active)
+        self._thread: threading.Thread | None = None
+        self._active = False
+        self._last_reject_at = -math.inf  # monotonic time of the last refused command
+        self.render_ms = RollingStats()
+        self.step_ms = RollingStats()
+        self.loop_gap_ms = RollingStats()
+        self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
+        self._diag_timer = self.create_timer(self.values["diagnostics_period_s"], self._publish_diagnostics)
+        if self.values["autostart"]:
+            if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+                self.trigger_activate()
+
+    # lifecycle -------------------------------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        log = self.get_logger()
+        try:
+            self.cfg = c = make_config(self.values)
+            from edgefm_ros.sim.env import SimConfig, SimEnv
+            from edgefm_ros.sim.live import LiveConfig, LiveSim, parse_episode
+            from edgefm_ros.sim.tasks import EVAL_SEEDS, TASKS
+
+            episodes = [parse_episode(e, TASKS) for e in c.episodes] or \
+                [parse_episode(f"{t}:{EVAL_SEEDS[0]}", TASKS) for t in TASKS]
+            kw = {"image_hw": (c.image_height, c.image_width)} if c.image_height else {}
+            config = SimConfig(**kw)
+            unknown = [n for n in c.camera_names if n not in config.cameras]
+            if unknown:
+                raise ValueError(f"camera_names {unknown} are not cameras of the simulator {list(config.cameras)}")
+            t0 = time.perf_counter()
+            # the simulator and its GL contexts belong to one thread for the node's life: it builds every
+            # task's world now (not mid-run) and runs physics while the node is active
+            self._start_thread(lambda: SimEnv(config), [(e.task, episodes[0].seed) for e in
+                                                         {e.task: e for e in episodes}.values()])
+            self.live = LiveSim(self.env, TASKS, episodes, LiveConfig(
+                timeout_s=c.timeout_s, settle_s=c.settle_s, start_delay_s=c.start_delay_s, repeat=c.repeat,
+                wait_for_start=c.wait_for_start, joint_names=c.joint_names), clock=self._now)
+        except Exception as e:  # bad parameters or no simulator: stay unconfigured, say why
+            log.error(f"configure failed: {e}")
+            self._stop_thread()
+            return TransitionCallbackReturn.FAILURE
+        self._image_pubs = [self.create_lifecycle_publisher(Image, t, qos.SENSOR) for t in c.camera_topics]
+        self._jpeg_pubs = [self.create_lifecycle_publisher(CompressedImage, t.rstrip("/") + "/compressed", qos.SENSOR)
+                           for t in c.camera_topics] if c.publish_compressed else []
+        self._state_pub = self.create_lifecycle_publisher(JointState, c.joint_states_topic, qos.SENSOR)
+        self._task_pub = self.create_lifecycle_publisher(String, c.instruction_topic, qos.LATCHED)
+        self._event_pub = self.create_lifecycle_publisher(String, c.events_topic, qos.RELIABLE)
+        self._start_pub = self.create_lifecycle_publisher(Header, c.episode_start_topic, qos.RELIABLE)
+        self._cmd_sub = self.create_subscription(COMMAND_MSG[c.command_type], c.command_topic, self._on_command,
+                                                 qos.RELIABLE)
+        self._reset_sub = self.create_subscription(String, c.reset_topic, self._on_reset, qos.RELIABLE)
+        log.info(f"configured in {time.perf_counter() - t0:.1f}s: {len(self.live.episodes)} episodes, cameras "
+                 f"{list(c.camera_names)} {self.env.config.image_hw} at {c.camera_rate_hz:g} Hz, state at {c.state_rate_hz:g} Hz, "
+                 f"{c.command_type} commands on {c.command_topic}")
+        return super().on_configure(state)
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        ret = super().on_activate(state)
+        self._active = True
+        self._running.set()
+        self.get_logger().info("active: physics running on the wall clock")
+        return ret
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._active = False
+        self._running.clear()
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_thread()
+        self.destroy_subscription(self._cmd_sub)
+        self.destroy_subscription(self._reset_sub)
+        for p in self._image_pubs + self._jpeg_pubs + [self._state_pub, self._task_pub, self._event_pub,
+                                                       self._start_pub]:
+            self.destroy_lifecycle_publisher(p)
+        self.live = None
+        return super().on_cleanup(state)
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_thread()
+        return super().on_shutdown(state)
+
+    def _start_thread(self, make_env, warm: list[tuple[str, int]]) -> None:
+        """The simulator thread: builds the env and each task's world, then runs physics while active.
+        Raises what building raised."""
+        ready = threading.Event()
+        error: list[BaseException] = []
+
+        def body():
+            try:
+                self.env = make_env()
+                for task, seed in warm:
+                    self.env.reset(task, seed)
+            except BaseException as e:  # reported by configure
+                error.append(e)
+                ready.set()
+                return
+            ready.set()
+            try:
+                self._physics_loop()
+            finally:
+                self.env.close()
+
+        self._stop.clear()
+        self._thread = threading.Thread(target=body, name="physics", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if error:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+            raise error[0]
+
+    def _stop_thread(self) -> None:
+        self._active = False
+        self._running.clear()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    # inputs ----------------------------------------------------------------------------------------------
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def _on_command(self, msg) -> None:
+        if self.live is None:
+            return
+        before = self.live.rejected_total
+        try:
+            names, positions, stamp = command_fields(msg)
+            self.live.command(names, positions, stamp, self._now())
+        except (ValueError, TypeError) as e:
+            self.live.refuse(str(e))
+        if self.live.rejected_total != before:
+            self._last_reject_at = time.monotonic()
+            self.get_logger().warning(f"command refused, the arm holds: {self.live.last_rejection}",
+                                      throttle_duration_sec=2.0)
+
+    def _on_reset(self, msg: String) -> None:
+        if self.live is None:
+            return
+        from edgefm_ros.sim.live import parse_episode
+
+        text = msg.data.strip()
+        try:
+            self.live.request(parse_episode(text, self.live.tasks) if text else None)
+        except ValueError as e:
+            self.get_logger().warning(f"reset request {text!r} refused: {e}")
+            return
+        self.get_logger().info(f"reset requested: {text or 'end the current episode'}")
+
+    # physics thread --------------------------------------------------------------------------------------
+    def _physics_loop(self) -> None:
+        c = self.cfg
+        period, cam_period = 1.0 / c.state_rate_hz, 1.0 / c.camera_rate_hz
+        next_tick = time.monotonic()
+        next_cam = next_tick
+        last = math.nan
+        while not self._stop.is_set() and self.context.ok():
+            if not self._running.is_set():  # inactive: nothing moves, nothing is published
+                self._stop.wait(0.05)
+                next_tick = next_cam = time.monotonic()
+                last = math.nan
+                continue
+            t_loop = time.monotonic()
+            if not math.isnan(last):
+                self.loop_gap_ms.add((t_loop - last) * 1e3)
+            last = t_loop
+            try:
+                now = self._now()
+                events = self.live.update(now)
+                self.step_ms.add((time.monotonic() - t_loop) * 1e3)
+                for ev in events:
+                    self._on_event(ev)
+                if self.live.current is not None:
+                    self._publish_state(now)
+                    if t_loop >= next_cam:
+                        t0 = time.monotonic()
+                        self._publish_cameras(now)
+                        self.render_ms.add((time.monotonic() - t0) * 1e3)
+                        next_cam += cam_period
+                        if next_cam < t_loop:  # fell behind: no burst of frames, just the next one on time
+                            next_cam = t_loop + cam_period
+            except Exception as e:  # context gone at shutdown, or a simulator error
+                if not self.context.ok() or self._stop.is_set():
+                    break
+                self.get_logger().error(f"physics loop: {e!r}", throttle_duration_sec=2.0)
+            next_tick += period
+            delay = next_tick - time.monotonic()
+            if delay > 0:
+                self._stop.wait(delay)
+            elif delay < -period:  # more than a tick behind: skip to the grid (the next update catches up)
+                next_tick += math.floor(-delay / period) * period
+
+    def _publish_state(self, now: float) -> None:
+        s = self.env.state()  # float32 (4,): ee xyz, gripper opening
+        m = JointState(name=list(self.cfg.joint_names), position=[float(x) for x in s])
+        m.header.stamp = to_stamp(now)
+        self._state_pub.publish(m)
+
+    def _publish_cameras(self, now: float) -> None:
+        frames = self.env.render()  # name -> uint8 (H, W, 3)
+        for i, name in enumerate(self.cfg.camera_names):
+            rgb = frames[name]
+            self._image_pubs[i].publish(rgb_to_image_msg(rgb, now, frame_id=name))
+            if self._jpeg_pubs:
+                m = CompressedImage(format="jpeg", data=encode_jpeg(rgb, 90))
+                m.header.stamp, m.header.frame_id = to_stamp(now), name
+                self._jpeg_pubs[i].publish(m)
+
+    def _on_event(self, ev: dict) -> None:
+        log = self.get_logger()
+        kind = ev["event"]
+        if kind == "start":
+            h = Header(frame_id=f"{ev['task']}:{ev['seed']}")
+            h.stamp = to_stamp(ev["t"])
+            self._start_pub.publish(h)
+            self._task_pub.publish(String(data=ev["instruction"]))
+            log.info(f"episode {ev['episode']} start: {ev['task']} seed {ev['seed']}: {ev['instruction']!r}")
+        elif kind == "done":
+            log.info(f"all {ev['episodes']} episodes done; holding")
+        else:
+            rec = self.live.finished[-1]
+            log.info(f"episode {ev['episode']} {kind} after {ev['elapsed_s']:.2f}s "
+                     f"({rec.commands} commands, {rec.rejected} refused, real-time factor "
+                     f"{rec.result()['real_time_factor']:.3f})")
+            if self.cfg.results_path:
+                self._write_result(rec.result())
+        self._event_pub.publish(String(data=json.dumps(ev)))
+
+    def _write_result(self, result: dict) -> None:
+        try:
+            path = Path(self.cfg.results_path).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(result) + "\n")
+        except OSError as e:
+            self.get_logger().error(f"results_path: {e}")
+
+    # diagnostics -----------------------------------------------------------------------------------------
+    def _publish_diagnostics(self) -> None:
+        if not self.context.ok():
+            return
+        values: dict[str, object] = {"state": "active" if self._active else "inactive"}
+        level, message = diag.OK, "running"
+        live = self.live
+        if live is None:
+            level, message = diag.WARN, "unconfigured"
+        else:
+            cur = live.current
+            values.update({"phase": live.phase, "episodes_started": live.count,
+                           "episodes_done": len(live.finished),
+                           "successes": sum(r.outcome == "success" for r in live.finished),
+                           "commands_applied": live.applied_total, "commands_rejected": live.rejected_total,
+                           "commands_stale": live.stale_total})
+            if cur is not None:
+                values.update({"episode": cur.index, "task": cur.episode.task, "seed": cur.episode.seed,
+                               "episode_slipped_s": cur.slipped_s,
+                               "episode_max_physics_gap_ms": cur.max_lag_s * 1e3})
+                state = self.env.state()
+                values.update({n: float(x) for n, x in zip(self.cfg.joint_names, state)})
+            for name, st in (("render_ms", self.render_ms), ("physics_update_ms", self.step_ms),
+                             ("loop_period_ms", self.loop_gap_ms)):
+                values.update(st.summary(name, 1.0))
+            if live.last_rejection:
+                values["last_rejection"] = live.last_rejection
+            since = time.monotonic() - self._last_reject_at
+            if since < REJECT_WARN_S:
+                level = diag.WARN
+                message = (f"commands refused, the arm held ({live.rejected_total} so far, the last {since:.1f}s ago): "
+                           f"{live.last_rejection}")
+            elif live.phase == "done":
+                message = f"done: {len(live.finished)} episodes"
+            elif cur is not None:
+                message = f"episode {cur.index} ({cur.episode.key}) {live.phase}"
+        diag.publish_status(self, self._diag_pub, "simulation", level, message, values)
+
+
+def main(args=None) -> int:
+    sys.setswitchinterval(0.001)  # the physics thread gets the GIL back soon after a callback takes it
+    return run_node(SimNode, NODE_NAME, args, stop=lambda node: node._stop_thread())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The scripted expert: Meta-World's own policy for the task (``metaworld.policies``) turned into our absolute
+command. It reads the env's full observation (object and goal positions), which the learned policy never sees.
+
+Meta-World's policies give a hand displacement d in [-1, 1]^3 per physics tick (times 1 cm) and a gripper
+effort. Held for one control period of k ticks, that is the target ``reference + k * 1 cm * d``, where
+reference is where the controller holds the hand now: the same motion Meta-World would make, decided at the
+control rate instead of every tick.
+
+    python -m edgefm_ros.sim.expert --episodes 20        # expert success and times per task (train seeds)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from edgefm_ros.sim.env import MAX_STEP_M, SimConfig, SimEnv
+from edgefm_ros.sim.tasks import TASKS, TRAIN_SEEDS, get_task, parse_tasks
+
+
+EXPERT_SPEED = 0.5  # the demonstrations' speed cap: half Meta-World's 0.8 m/s (smoother, 25-50 frames a demo)
+
+
+class Expert:
+    """``expert(env) -> float32 [4]``: the next absolute command for the env's current task."""
+
+    def __init__(self, task: str, speed: float = EXPERT_SPEED):
+        from metaworld.policies import ENV_POLICY_MAP
+
+        if not (0.0 < speed <= 1.0):
+            raise ValueError(f"Expert speed must be in (0, 1] (a fraction of Meta-World's 0.8 m/s), got {speed!r}")
+        self.speed = speed
+        spec = get_task(task)
+        if spec.env_name not in ENV_POLICY_MAP:
+            raise ValueError(f"task {task!r}: metaworld.policies has no policy for {spec.env_name!r}")
+        self.task = spec.name
+        self.policy = ENV_POLICY_MAP[spec.env_name]()
+
+    def __call__(self, env: SimEnv) -> np.ndarray:
+        if env.task is None or env.task.name != self.task:
+            raise ValueError(f"expert for {self.task!r} asked about task {getattr(env.task, 'name', None)!r}")
+        with warnings.catch_warnings():  # "Constant(s) may be too high": its gains saturate by design
+            warnings.simplefilter("ignore", UserWarning)
+            a = np.asarray(self.policy.get_action(env.observation()), dtype=np.float64)  # [4]
+        d = np.clip(a[:3], -self.speed, self.speed)  # a velocity cap; the gain near the target stays
+        xyz = env.reference() + env.config.ticks_per_command * MAX_STEP_M * d
+        return np.concatenate([xyz, [np.clip(a[3], -1.0, 1.0)]]).astype(np.float32)
+
+
+def run_expert_episode(env: SimEnv, task: str, seed: int, max_seconds: float | None = None,
+                       tail_seconds: float = 0.0, on_frame=None, speed: float = EXPERT_SPEED,
+                       noise_m: float = 0.0) -> tuple[bool, float]:
+    """Run the expert from reset until success (+ ``tail_seconds``) or the time limit.
+
+    ``on_frame(state [4], command [4])`` is called before each command is applied (the moment an image and
+    the state would be recorded). ``noise_m`` > 0: the arm is sent the command plus Gaussian xyz noise of this
+    std (seeded by ``seed``) while ``on_frame`` sees the clean command, so demonstrations show how the expert
+    recovers from small deviations (DART). Returns (success, time_to_success_s or nan)."""
+    if not (0.0 <= noise_m < 0.1):
+        raise ValueError(f"noise_m must be in [0, 0.1) m, got {noise_m!r}")
+    expert = Expert(task, speed)
+    rng = np.random.default_rng(seed)
+    env.reset(task, seed)
+    dt = 1.0 / env.config.control_hz
+    limit = max_seconds if max_seconds is not None else env.task.max_seconds
+    t_success = float("nan")
+    end = limit
+    while env.sim_time < end - 1e-9:
+        cmd = expert(env)
+        if on_frame is not None:
+            on_frame(env.state(), cmd)
+        if noise_m > 0:
+            cmd = cmd.copy()
+            cmd[:3] += rng.normal(0.0, noise_m, 3)
+        env.set_command(cmd)
+        env.advance(dt)
+        if env.success() and t_success != t_success:
+            t_success = env.sim_time
+            end = min(limit, t_success + tail_seconds)
+    return t_success == t_success, t_success
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Expert success per task through the position-control interface")
+    ap.add_argument("--tasks", default="all")
+    ap.add_argument("--episodes", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=TRAIN_SEEDS.start)
+    ap.add_argument("--control-hz", type=float, default=SimConfig().control_hz)
+    ap.add_argument("--speed", type=float, default=EXPERT_SPEED, help="expert speed, fraction of 0.8 m/s")
+    ap.add_argument("--noise-m", type=float, default=0.0, help="xyz noise on the executed command (m)")
+    ap.add_argument("--max-seconds", type=float, default=None, help="override the tasks' time limit")
+    args = ap.parse_args(argv)
+    env = SimEnv(SimConfig(control_hz=args.control_hz))
+    for task in parse_tasks(args.tasks):
+        t0 = time.perf_counter()
+        ok, times, failed = 0, [], []
+        for seed in range(args.first_seed, args.first_seed + args.episodes):
+            s, t = run_expert_episode(env, task, seed, args.max_seconds, speed=args.speed, noise_m=args.noise_m)
+            ok += s
+            if s:
+                times.append(t)
+            else:
+                failed.append(seed)
+        wall = time.perf_counter() - t0
+        ts = np.array(times) if times else np.array([np.nan])
+        print(f"{task:22s} success {ok}/{args.episodes}  time to success mean {np.mean(ts):.2f} s "
+              f"max {np.max(ts):.2f} s (limit {TASKS[task].max_seconds} s)  failed seeds {failed[:10]}  "
+              f"[{wall:.1f} s wall]", flush=True)
+    env.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""``edgefm-sim``: the simulated arm's tools.
+
+    edgefm-sim collect --out /work/data/metaworld-demos --episodes-per-task 100      # expert demos (train seeds)
+    edgefm-sim eval --seeds 1000-1019 --exec sync                                    # closed loop, one process
+    edgefm-sim eval --checkpoint CKPT --tasks reach,push --seeds 1000-1019 --exec ros --json eval.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from edgefm_ros.sim.tasks import EVAL_SEEDS, TASKS, TRAIN_SEEDS, parse_seeds, parse_tasks
+
+
+def _image_hw(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"image size {text!r}: expected HxW, e.g. 64x64") from None
+    return h, w
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from edgefm_ros.sim.collect import CollectConfig, collect
+    from edgefm_ros.sim.env import SimConfig
+
+    cfg = CollectConfig(tasks=tuple(parse_tasks(args.tasks)), episodes_per_task=args.episodes_per_task,
+                        first_seed=args.first_seed, tail_s=args.tail_s, noise_m=args.noise_m,
+                        only_success=not args.keep_failed)
+    sim = SimConfig(image_hw=args.image_size, control_hz=args.control_hz)
+    print(f"[collect] {len(cfg.tasks)} tasks x {cfg.episodes_per_task} episodes (train seeds "
+          f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes_per_task - 1}), {sim.image_hw[0]}x{sim.image_hw[1]} "
+          f"cameras {list(sim.cameras)}, {sim.control_hz:g} Hz -> {args.out}", flush=True)
+    s = collect(args.out, cfg, sim, log=lambda m: print(m, flush=True))
+    size = sum(p.stat().st_size for p in Path(args.out).rglob("*") if p.is_file()) / 2 ** 20
+    print(f"[collect] done: {s['episodes']} episodes, {s['frames']} frames, {size:.1f} MB in {s['seconds']:.0f} s; "
+          f"expert success {s['successes']}", flush=True)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from edgefm_ros.sim.report import format_table, write_report
+
+    seeds = parse_seeds(args.seeds)
+    leaked = [s for s in seeds if s in TRAIN_SEEDS]
+    if leaked and not args.allow_train_seeds:
+        print(f"edgefm-sim eval: seeds {leaked[:5]}... are training seeds (TRAIN_SEEDS {TRAIN_SEEDS.start}-"
+              f"{TRAIN_SEEDS.stop - 1}); evaluation seeds are {EVAL_SEEDS.start}-{EVAL_SEEDS.stop - 1} "
+              f"(--allow-train-seeds to go on)", file=sys.stderr)
+        return 2
+    if args.exec == "sync":
+        from edgefm_ros.sim.rollout import run_sync_eval
+
+        report = run_sync_eval(args.checkpoint, args.tasks, seeds, delay_ms=args.delay_ms,
+                               n_action_steps=args.n_action_steps, max_seconds=args.max_seconds,
+                               log=lambda m: print(m, flush=True))
+    else:
+        from edgefm_ros.tools.sim_ros import default_checkpoint, run_ros_eval
+
+        ckpt = args.checkpoint or str(default_checkpoint())
+        tasks = parse_tasks(args.tasks) if args.tasks else None
+        report = run_ros_eval(ckpt, tasks, seeds, delay_ms=args.delay_ms, aggregate=args.aggregate)
+    print(format_table(report))
+    if args.json:
+        write_report(report, args.json)
+        print(f"report: {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="edgefm-sim", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="scripted expert demonstrations -> LeRobot-layout dataset")
+    c.add_argument("--out", required=True, help="new dataset directory")
+    c.add_argument("--tasks", default="all", help=f"comma-separated, or 'all' ({','.join(TASKS)})")
+    c.add_argument("--episodes-per-task", type=int, default=100)
+    c.add_argument("--first-seed", type=int, default=TRAIN_SEEDS.start, help="first training seed")
+    c.add_argument("--image-size", type=_image_hw, default=(64, 64), help="HxW of both cameras")
+    c.add_argument("--control-hz", type=float, default=20.0, help="command rate = dataset fps")
+    c.add_argument("--tail-s", type=float, default=0.5, help="seconds recorded after success")
+    c.add_argument("--noise-m", type=float, default=0.005, help="xyz noise (m) on executed, not recorded, commands")
+    c.add_argument("--keep-failed", action="store_true", help="also write failed episodes (flagged success=false)")
+    c.set_defaults(func=cmd_collect)
+    e = sub.add_parser("eval", help="closed-loop task success of a checkpoint")
+    e.add_argument("--checkpoint", default=None, help="checkpoint dir (default: the committed one)")
+    e.add_argument("--tasks", default=None, help="comma-separated (default: the checkpoint's tasks / all)")
+    e.add_argument("--seeds", default=f"{EVAL_SEEDS.start}-{EVAL_SEEDS.start + 19}", help="A-B (inclusive)")
+    e.add_argument("--exec", choices=("ros", "sync"), default="ros")
+    e.add_argument("--delay-ms", type=float, default=0.0, help="extra inference delay per chunk")
+    e.add_argument("--aggregate", default=None, help="action_node chunk aggregation (ros)")
+    e.add_argument("--n-action-steps", type=int, default=None, help="sync: actions executed per chunk "
+                   "(default: the checkpoint's n_action_steps)")
+    e.add_argument("--max-seconds", type=float, default=None, help="sync: episode time limit (default: the "
+                   "task's max_seconds)")
+    e.add_argument("--allow-train-seeds", action="store_true")
+    e.add_argument("--json", default=None, help="write the report here")
+    e.set_defaults(func=cmd_eval)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"edgefm-sim {args.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,402 @@
+"""``edgefm-sim eval --exec ros``: the closed loop through the real node processes over real DDS.
+
+sim_node (the simulated arm on the wall clock), vla_node and action_node run as separate processes, started
+by their installed executables with one params file (config/sim.yaml plus this run's episodes, checkpoint,
+delay): the replay session's process start (tools/bag/session.py), as ``ros2 launch`` would start them. The
+policy nodes come up first; sim_node holds until this harness tells it to start (``wait_for_start``), so no
+episode runs while the model loads. The harness records the commands, chunks, queue status, joint states,
+episode events and diagnostics to a bag, and turns them into the shared report (edgefm_ros/sim/report.py).
+
+    report = run_ros_eval(checkpoint, ["reach", "push"], range(1000, 1020))
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import yaml
+
+from edgefm_ros.sim.report import EpisodeOutcome, make_report
+
+REPO = Path(__file__).resolve().parents[2]
+COMMAND_TOPIC = "/edgefm/command"
+EVENTS_TOPIC = "/sim/events"
+RESET_TOPIC = "/sim/reset"
+SCENE_TOPIC, WRIST_TOPIC = "/scene/image_raw", "/wrist/image_raw"
+RECORD_TOPICS = ("/edgefm/action_chunk", "/edgefm/queue_status", "/diagnostics", COMMAND_TOPIC, EVENTS_TOPIC,
+                 "/joint_states", "/edgefm/route")
+POLICY_NODES = ("vla_node", "action_node")
+
+
+def share_file(*parts: str) -> Path:
+    """A file of the source tree, else of the installed share/edgefm_ros."""
+    p = REPO.joinpath(*parts)
+    if p.exists():
+        return p
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        return Path(get_package_share_directory("edgefm_ros")).joinpath(*parts)
+    except Exception:  # noqa: BLE001 - not installed: the caller says what is missing
+        return p
+
+
+def default_checkpoint() -> Path:
+    """The committed trained checkpoint (checkpoints/smolvla-metaworld)."""
+    return share_file("checkpoints", "smolvla-metaworld")
+
+
+def graph_params(checkpoint: str, episodes: Sequence[str], *, delay_ms: float = 0.0, aggregate: str | None = None,
+                 results_path: str = "", vlm_dir: str = "", config: str | Path | None = None) -> dict:
+    """Node parameters for one run: config/sim.yaml with this run's episodes, checkpoint and settings."""
+    path = Path(config) if config else share_file("config", "sim.yaml")
+    doc = yaml.safe_load(path.read_text())
+    p = {n: dict(doc[n]["ros__parameters"]) for n in ("sim_node",) + POLICY_NODES}
+    p["sim_node"].update(episodes=list(episodes), results_path=results_path, wait_for_start=True)
+    p["vla_node"].update(checkpoint=str(checkpoint), vlm_dir=vlm_dir, inference_delay_ms=float(delay_ms))
+    if aggregate:
+        p["action_node"]["aggregate"] = aggregate
+    if os.geteuid() == 0:
+        p["action_node"].setdefault("realtime_priority", 50)
+    return p
+
+
+@dataclass
+class Frames:
+    """Camera frames the harness kept (every ``stride``-th), for the demo video."""
+
+    stride: int = 2
+    times: list = field(default_factory=list)
+    scene: list = field(default_factory=list)
+    wrist: list = field(default_factory=list)
+    _n: int = 0
+    _wrist_last: np.ndarray | None = None
+
+
+def launch_available() -> bool:
+    """``ros2 launch`` and this package's installed sim.launch.py are there."""
+    if shutil.which("ros2") is None:
+        return False
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        return (Path(get_package_share_directory("edgefm_ros")) / "launch" / "sim.launch.py").is_file()
+    except Exception:  # noqa: BLE001 - not installed
+        return False
+
+
+class LoopGraph:
+    """The node processes and this harness's own node (events, reset requests, optional frames).
+
+    ``with LoopGraph(workdir, params, domain) as g: g.start(); g.wait_done(timeout)``
+
+    mode "launch": one ``ros2 launch edgefm_ros sim.launch.py`` with this run's params file; "process": each
+    node's executable started by the replay session (vla_node and action_node first, sim_node once they are
+    active; nodes can be stopped and restarted one by one); "auto": launch where available."""
+
+    def __init__(self, workdir: str | Path, params: dict, domain_id: int, frames: Frames | None = None,
+                 progress: Callable[[str], None] | None = print, mode: str = "auto"):
+        from edgefm_ros.tools.bag.session import ReplaySession
+
+        if mode not in ("auto", "launch", "process"):
+            raise ValueError(f"mode {mode!r}: choose auto, launch or process")
+        self.mode = ("launch" if launch_available() else "process") if mode == "auto" else mode
+        self.workdir = Path(workdir)
+        nodes = () if self.mode == "launch" else POLICY_NODES
+        self.session = ReplaySession(self.workdir, params, nodes, domain_id, RECORD_TOPICS)
+        self.params, self.frames, self.progress = params, frames, progress
+        self.launch: subprocess.Popen | None = None
+        self.events: list[dict] = []
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> "LoopGraph":
+        from sensor_msgs.msg import Image
+        from std_msgs.msg import String
+
+        from edgefm_ros.ros import qos
+
+        s = self.session.__enter__()
+        try:
+            n = s.node
+            n.create_subscription(String, EVENTS_TOPIC, self._on_event, qos.RELIABLE)
+            self._reset_pub = n.create_publisher(String, RESET_TOPIC, qos.RELIABLE)
+            if self.frames is not None:
+                n.create_subscription(Image, SCENE_TOPIC, lambda m: self._on_frame("scene", m), qos.SENSOR)
+                n.create_subscription(Image, WRIST_TOPIC, lambda m: self._on_frame("wrist", m), qos.SENSOR)
+        except BaseException:
+            s.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.launch is not None and self.launch.poll() is None:  # ros2 launch stops its nodes on SIGINT
+            self.launch.send_signal(signal.SIGINT)
+            try:
+                self.launch.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.launch.pid, signal.SIGKILL)
+                self.launch.wait(5)
+        self.session.__exit__(*exc)
+
+    def _start_launch(self) -> None:
+        s = self.session
+        v = self.params["vla_node"]
+        cmd = ["ros2", "launch", "edgefm_ros", "sim.launch.py", f"params_file:={s.params_file}",
+               f"checkpoint:={v['checkpoint']}", f"inference_delay_ms:={float(v.get('inference_delay_ms', 0.0))}",
+               f"results_path:={self.params['sim_node'].get('results_path', '')}"]
+        env = dict(os.environ, ROS_DOMAIN_ID=str(s.domain_id), PYTHONUNBUFFERED="1")
+        with open(self.workdir / "launch.log", "ab") as log:
+            self.launch = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    # ---- observing ----------------------------------------------------------------------------------------
+    def _on_event(self, msg) -> None:
+        try:
+            ev = json.loads(msg.data)
+        except ValueError:
+            return
+        with self._cond:
+            self.events.append(ev)
+            self._cond.notify_all()
+        if self.progress and ev.get("event") in ("success", "timeout", "reset"):
+            done = sum(e["event"] in ("success", "timeout", "reset") for e in self.events)
+            total = len(self.params["sim_node"]["episodes"])
+            self.progress(f"[{done}/{total}] {ev['task']} seed {ev['seed']}: {ev['event']} after "
+                          f"{ev['elapsed_s']:.2f}s")
+
+    def _on_frame(self, key: str, msg) -> None:
+        from edgefm_ros.ros.convert import image_msg_to_rgb, to_sec
+
+        f = self.frames
+        if key == "wrist":
+            f._wrist_last = image_msg_to_rgb(msg)
+            return
+        f._n += 1
+        if f._n % f.stride:
+            return
+        f.times.append(to_sec(msg.header.stamp))
+        f.scene.append(image_msg_to_rgb(msg))
+        f.wrist.append(f._wrist_last)
+
+    def wait_event(self, pred: Callable[[dict], bool], timeout: float, since: int = 0) -> dict | None:
+        end = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                hit = next((e for e in self.events[since:] if pred(e)), None)
+                left = end - time.monotonic()
+                if hit is not None or left <= 0:
+                    return hit
+                self._cond.wait(min(left, 0.2))
+
+    # ---- running ------------------------------------------------------------------------------------------
+    def start(self, ready_timeout: float = 180.0) -> None:
+        """Policy nodes active, then sim_node started and told to begin (repeated until it does)."""
+        from std_msgs.msg import String
+
+        s = self.session
+        if self.mode == "launch":
+            self._start_launch()
+            nodes = POLICY_NODES + ("sim_node",)
+
+            def up():
+                return all(s.diagnostics(n).get("state") == "active" for n in nodes)
+            if not s.wait_for(lambda: up() or self.launch.poll() is not None, ready_timeout) or not up():
+                raise RuntimeError(f"ros2 launch: nodes {[n for n in nodes if s.diagnostics(n).get('state') != 'active']}"
+                                   f" not active (launch exit code {self.launch.poll()}); log {self.workdir / 'launch.log'}")
+        else:
+            s.wait_active(POLICY_NODES, timeout=ready_timeout)
+            s.start_node("sim_node")
+            if not s.wait_for(lambda: s.diagnostics("sim_node").get("state") == "active" or not s.alive("sim_node"),
+                              ready_timeout) or not s.alive("sim_node"):
+                raise RuntimeError(f"sim_node did not become active; log {self.workdir / 'sim_node.log'}")
+        for _ in range(100):  # the reset topic's subscription may not be matched yet: ask until it starts
+            self._reset_pub.publish(String(data=""))
+            if self.wait_event(lambda e: e["event"] == "start", 0.2) is not None:
+                return
+        raise RuntimeError(f"sim_node did not start an episode; log {self.workdir / 'sim_node.log'}")
+
+    def wait_done(self, timeout: float) -> bool:
+        return self.wait_event(lambda e: e["event"] == "done", timeout) is not None
+
+
+# ---- from the record to the report ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Window:
+    task: str
+    seed: int
+    start: float
+    end: float
+    outcome: str
+    time_to_success_s: float
+
+
+def episode_windows(events: Iterable[dict]) -> list[Window]:
+    """(start, end) of every finished episode from sim_node's events."""
+    out, cur = [], None
+    for e in events:
+        if e["event"] == "start":
+            cur = e
+        elif e["event"] in ("success", "timeout", "reset") and cur is not None and e["episode"] == cur["episode"]:
+            out.append(Window(cur["task"], int(cur["seed"]), float(cur["t"]), float(e["t"]), e["event"],
+                              float(e.get("time_to_success_s", math.nan))))
+            cur = None
+    return out
+
+
+def read_topic(bag: str | Path, topic: str) -> list[tuple[float, object]]:
+    """(receive time s, message) of one topic in a recorded bag."""
+    from rosbags.rosbag2 import Reader
+
+    from edgefm_ros.tools.bag.typestore import make_typestore
+
+    ts = make_typestore()
+    out = []
+    with Reader(str(bag)) as r:
+        conns = [c for c in r.connections if c.topic == topic]
+        for conn, t_ns, data in r.messages(connections=conns):
+            out.append((t_ns * 1e-9, ts.deserialize_cdr(data, conn.msgtype)))
+    return out
+
+
+def joint_states(bag: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(stamps (n,), positions (n, 4)) of the recorded /joint_states."""
+    rows = read_topic(bag, "/joint_states")
+    t = np.array([m.header.stamp.sec + m.header.stamp.nanosec * 1e-9 for _, m in rows])
+    return t, np.array([list(m.position) for _, m in rows], dtype=np.float64).reshape(len(rows), -1)
+
+
+def outcomes_and_timing(run, windows: Sequence[Window], results: Sequence[dict], control_hz: float
+                        ) -> tuple[list[EpisodeOutcome], dict]:
+    """Per-episode outcomes (commands, chunk boundaries) and the graph's timing over the episodes."""
+    from edgefm_ros.tools.bag.analyze import percentiles
+
+    cmd_t = np.asarray(run.cmd_stamp, dtype=np.float64)
+    cmd_p = run.positions.reshape(len(cmd_t), -1) if len(cmd_t) else np.zeros((0, 4))
+    recv = np.asarray(run.chunk_recv, dtype=np.float64)
+    obs = np.asarray(run.chunk_stamp, dtype=np.float64)
+    st_t = np.asarray(run.status_time, dtype=np.float64)
+    st_u = np.asarray(run.status_underruns, dtype=np.float64)
+    by_key = {(r["task"], int(r["seed"]), round(r["start_time"], 3)): r for r in results}
+    outcomes, periods, lat, under_warm, ticks = [], [], [], 0, 0
+    for w in windows:
+        sel = (cmd_t >= w.start) & (cmd_t <= w.end)
+        cmds, ct = cmd_p[sel], cmd_t[sel]
+        mine = (recv >= w.start) & (recv <= w.end) & (obs >= w.start)  # chunks of this episode
+        bounds = sorted({int(np.searchsorted(ct, t)) for t in recv[mine] if np.searchsorted(ct, t) < len(ct)})
+        lat.extend((np.asarray(run.chunk_inference)[mine] * 1e3).tolist())
+        if len(ct) >= 2:
+            periods.extend(np.diff(ct).tolist())
+        # underruns after warm-up: from the episode's first command (its first chunk merged) to its end
+        s_sel = (st_t >= (ct[0] if len(ct) else w.end)) & (st_t <= w.end)
+        if s_sel.any():
+            u = st_u[s_sel]
+            under_warm += int(u[-1] - u[0])
+            ticks += int(s_sel.sum())
+        r = by_key.get((w.task, w.seed, round(w.start, 3)), {})
+        extra = {k: r[k] for k in ("real_time_factor", "slipped_s", "max_physics_gap_ms", "rejected_commands")
+                 if k in r}
+        outcomes.append(EpisodeOutcome(w.task, w.seed, w.outcome == "success",
+                                       w.time_to_success_s if w.outcome == "success" else math.nan,
+                                       cmds if len(cmds) else np.zeros((0, 4)), tuple(bounds), extra))
+    period = 1.0 / control_hz
+    d = np.asarray(periods)
+    err = percentiles(np.abs(d - period) * 1e3) if d.size else percentiles([])
+    control = {"rate_hz": float(1.0 / d.mean()) if d.size else math.nan, "period_error_ms_p50": err["p50"],
+               "period_error_ms_p99": err["p99"], "period_error_ms_max": err["max"],
+               "missed": float(np.sum(np.maximum(np.round(d / period) - 1, 0))) if d.size else math.nan,
+               "commands": int(sum(len(o.commands) for o in outcomes))}
+    total_under = int(st_u[-1] - st_u[0]) if st_u.size else 0
+    rtf = [r["real_time_factor"] for r in results if r.get("real_time_factor") is not None]
+    timing = {"control": control, "inference_latency_ms": percentiles(lat),
+              "queue_underruns": {"after_warmup": under_warm, "total": total_under, "ticks": ticks},
+              "simulation": {"real_time_factor_min": float(min(rtf)) if rtf else math.nan,
+                             "real_time_factor_mean": float(np.mean(rtf)) if rtf else math.nan,
+                             "slipped_s": float(sum(r.get("slipped_s", 0.0) for r in results)),
+                             "max_physics_gap_ms": float(max((r.get("max_physics_gap_ms", 0.0) for r in results),
+                                                             default=math.nan))}}
+    return outcomes, timing
+
+
+def read_results(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class RosRun:
+    report: dict
+    workdir: Path
+    events: list
+    frames: Frames | None
+    run: object  # tools.bag.analyze.Run
+
+
+def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, delay_ms: float = 0.0,
+            aggregate: str | None = None, domain_id: int | None = None, frames: Frames | None = None,
+            vlm_dir: str = "", progress: Callable[[str], None] | None = print, mode: str = "auto") -> RosRun:
+    """Run ``episodes`` ('task:seed') through the node graph; the report and what was recorded."""
+    from edgefm_ros.sim.tasks import TASKS
+    from edgefm_ros.tools.bag.analyze import read_run
+
+    if not (Path(checkpoint) / "config.json").is_file():
+        raise ValueError(f"checkpoint {checkpoint} holds no config.json")
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "episodes.jsonl"
+    if results_path.exists():
+        results_path.unlink()
+    params = graph_params(checkpoint, episodes, delay_ms=delay_ms, aggregate=aggregate,
+                          results_path=str(results_path), vlm_dir=vlm_dir)
+    timeout_s = sum(TASKS[e.rpartition(":")[0]].max_seconds + params["sim_node"]["settle_s"] + 1.0
+                    for e in episodes) * 1.5 + 30.0
+    domain = domain_id if domain_id is not None else 10 + os.getpid() % 90
+    with LoopGraph(out / "run", params, domain, frames, progress, mode) as g:
+        if progress:
+            progress(f"starting vla_node, action_node, sim_node ({'ros2 launch' if g.mode == 'launch' else 'processes'}"
+                     f", ROS_DOMAIN_ID {domain}, logs {out / 'run'}) ...")
+        g.start()
+        if not g.wait_done(timeout_s):
+            raise RuntimeError(f"the episodes did not finish within {timeout_s:.0f}s; logs in {out / 'run'}")
+        time.sleep(0.3)
+        events = list(g.events)
+    run = read_run(str(g.session.record_path), COMMAND_TOPIC)
+    control_hz = float(params["action_node"]["control_rate_hz"])
+    outcomes, timing = outcomes_and_timing(run, episode_windows(events), read_results(results_path), control_hz)
+    report = make_report(outcomes, exec_mode="ros", checkpoint=str(checkpoint), control_hz=control_hz,
+                         timing=timing, settings={"delay_ms": delay_ms, "aggregate":
+                                                  params["action_node"]["aggregate"], "episodes": list(episodes),
+                                                  "chunk_size_threshold":
+                                                  params["action_node"]["chunk_size_threshold"], "started_by": g.mode})
+    return RosRun(report, out, events, frames, run)
+
+
+def run_ros_eval(checkpoint: str | None, tasks: Sequence[str] | None, seeds: Iterable[int], delay_ms: float = 0.0,
+                 aggregate: str | None = None, out_dir: str | Path | None = None,
+                 progress: Callable[[str], None] | None = print) -> dict:
+    """The report of ``tasks`` (None: every task) x ``seeds`` through the node graph (``edgefm-sim eval
+    --exec ros``); ``out_dir`` keeps the logs, the record and sim_node's episode results (else a temp dir)."""
+    from edgefm_ros.sim.tasks import TASKS
+
+    tasks = list(tasks) if tasks else list(TASKS)
+    seeds = list(seeds)
+    episodes = [f"{t}:{s}" for s in seeds for t in tasks]  # seed-major: every task early in the run
+    ckpt = str(checkpoint or default_checkpoint())
+    with contextlib.ExitStack() as stack:
+        if out_dir is None:
+            import tempfile
+
+            out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgefm-sim-ros-"))
+        return run_ros(ckpt, episodes, out_dir=out_dir, delay_ms=delay_ms, aggregate=aggregate,
+                       progress=progress).report

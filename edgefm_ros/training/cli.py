@@ -1,0 +1,65 @@
+"""``edgefm-vla train``: argument parsing and the run (a thin shell over trainer.train)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from .recipe import ARCHS, TrainConfig
+
+DEFAULTS = TrainConfig()
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", required=True, help="demonstration dataset directory (edgefm-sim collect)")
+    p.add_argument("--out", required=True, help="checkpoint directory to write (LeRobot layout)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--arch", default=None, choices=sorted(ARCHS), help="from scratch (default: tiny)")
+    src.add_argument("--init", default=None, help="fine-tune this SmolVLA checkpoint instead")
+    p.add_argument("--steps", type=int, default=DEFAULTS.steps)
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr, help="peak learning rate")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--threads", type=int, default=DEFAULTS.threads)
+    p.add_argument("--chunk-size", type=int, default=None, help="default: the architecture's / --init's")
+    p.add_argument("--n-action-steps", type=int, default=None, help="actions executed per chunk (default: half)")
+    p.add_argument("--log-every", type=int, default=DEFAULTS.log_every)
+    p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
+    p.add_argument("--log", default=None, help="also append the progress lines to this file")
+
+
+def recipe_from_args(args) -> TrainConfig:
+    names = {f.name for f in fields(TrainConfig)}
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return TrainConfig(**given)
+
+
+def run_train(args) -> int:
+    from edgefm_ros.sim.dataset import read_dataset
+
+    from .trainer import train
+
+    cfg = recipe_from_args(args)  # ValueError naming a bad value before anything is read
+    log_file = open(args.log, "a") if args.log else None
+
+    def log(line: str) -> None:
+        stamped = f"[{time.strftime('%H:%M:%S')}] {line}"
+        print(stamped, flush=True)
+        if log_file:
+            log_file.write(stamped + "\n")
+            log_file.flush()
+
+    command = " ".join(["edgefm-vla"] + [shlex.quote(a) for a in sys.argv[1:]])
+    try:
+        demos = read_dataset(Path(args.dataset))
+        result = train(demos, args.out, cfg, arch=None if args.init else (args.arch or "tiny"), init=args.init,
+                       log=log, meta={"dataset": str(args.dataset), "command": command})
+    finally:
+        if log_file:
+            log_file.close()
+    print(f"checkpoint: {result.out} ({result.steps} steps, {result.seconds / 60:.1f} min, "
+          f"loss {result.first_loss:.4f} -> {result.final_loss:.4f})")
+    return 0

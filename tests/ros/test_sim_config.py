@@ -1,0 +1,67 @@
+"""config/sim.yaml and launch/sim.launch.py checked structurally (no ROS needed): only declared, valid
+parameters; the simulated arm's joints everywhere; the launch file starts the three nodes of the loop."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgefm_ros.ros import action_params, sim_params, vla_params
+from edgefm_ros.ros.params import unknown_in_params_file, validate
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = {"sim_node": sim_params.PARAMS, "vla_node": vla_params.PARAMS, "action_node": action_params.PARAMS}
+
+
+def _doc():
+    return yaml.safe_load((REPO / "config" / "sim.yaml").read_text())
+
+
+def test_sim_config_holds_only_declared_valid_parameters():
+    doc = _doc()
+    for node, specs in SPECS.items():
+        assert unknown_in_params_file(doc, node, specs) == [], node
+        validate(specs, doc[node]["ros__parameters"])
+    sim_params.make_config(doc["sim_node"]["ros__parameters"])
+    action_params.make_config(doc["action_node"]["ros__parameters"])
+    vla = dict(doc["vla_node"]["ros__parameters"], checkpoint="/x")  # the launch argument / the tool sets it
+    vla_params.make_config(vla)
+    assert {s.name for s in sim_params.PARAMS} == set(doc["sim_node"]["ros__parameters"])  # every one listed
+
+
+def test_sim_config_wires_the_loop():
+    """sim_node's outputs are vla_node's inputs, action_node's commands are sim_node's input, same joints,
+    and action_node runs at the simulator's control rate (the policy's action rate)."""
+    from edgefm_ros.sim.env import SimConfig
+
+    doc = _doc()
+    s, v, a = (doc[n]["ros__parameters"] for n in ("sim_node", "vla_node", "action_node"))
+    assert v["camera_topics"] == s["camera_topics"]
+    assert v["camera_keys"] == [f"observation.images.{c}" for c in s["camera_names"]]
+    assert v["joint_states_topic"] == s["joint_states_topic"] and v["instruction_topic"] == s["instruction_topic"]
+    assert s["joint_names"] == v["state_joint_names"] == a["joint_names"] == list(sim_params.JOINTS)
+    assert a["command_topic"] == s["command_topic"] and a["command_type"] == s["command_type"]
+    assert a["episode_start_topic"] == s["episode_start_topic"]
+    assert a["control_rate_hz"] == v["action_rate_hz"] == SimConfig().control_hz
+
+
+def test_sim_launch_starts_the_loop_with_a_checkpoint_argument():
+    tree = ast.parse((REPO / "launch" / "sim.launch.py").read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    nodes = {k.value.value for c in calls if getattr(c.func, "id", "") in ("Node", "LifecycleNode")
+             for k in c.keywords if k.arg == "executable"}
+    assert nodes == {"sim_node", "vla_node", "action_node", "router_node"}
+    args = {c.args[0].value for c in calls if getattr(c.func, "id", "") == "DeclareLaunchArgument"}
+    assert {"checkpoint", "params_file", "inference_delay_ms"} <= args
+    assert "smolvla-metaworld" in ast.unparse(tree) and "sim.yaml" in ast.unparse(tree)
+
+
+def test_bad_sim_parameters_are_named():
+    with pytest.raises(ValueError, match="camera_names"):
+        sim_params.make_config({"camera_names": ["scene"]})
+    with pytest.raises(ValueError, match="joint_names"):
+        sim_params.make_config({"joint_names": ["a", "b", "c"]})
+    with pytest.raises(ValueError, match="'command_type'"):
+        sim_params.make_config({"command_type": "twist"})
