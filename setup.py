@@ -34,6 +34,7 @@ setup(
             "edgefm-cloud=edgefm_ros.cloud.cli:main",
             "edgefm-demo=edgefm_ros.tools.demo:main",
             "edgefm-llm=edgefm_ros.tools.llm_cli:main",
+            "edgefm-sim=edgefm_ros.tools.sim_cli:main",
         ],
     },
 )

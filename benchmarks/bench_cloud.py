@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edgefm_ros.cloud import ClientConfig, CloudPolicy, Encoding  # noqa: E402
-from edgefm_ros.cloud.serving import free_port  # noqa: E402
+from edgefm_ros.cloud.server.settings import free_port  # noqa: E402
 from edgefm_ros.types import Observation  # noqa: E402
 
 TOKEN = "bench-" + os.urandom(12).hex()

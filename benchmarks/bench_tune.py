@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     }
     ref = engines["built-in"]
     inp = ref.inputs_from_observation(ref.synthetic_observation(0))
-    noise = torch.randn((inp.batch, ref.cfg.chunk_size, ref.cfg.max_action_dim), generator=torch.Generator().manual_seed(0))
+    noise = torch.randn((inp.batch, ref.model_config.chunk_size, ref.model_config.max_action_dim), generator=torch.Generator().manual_seed(0))
     times = {name: {"chunk": [], "prefill": [], "decode": []} for name in engines}
     actions = {}
     for i in range(args.warmup + args.runs):
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
                 times[name]["chunk"].append(time.perf_counter() - t0)
                 times[name]["prefill"].append(tm.prefill_s)
                 times[name]["decode"].append(tm.decode_s)
-    d = (actions["tuned"] - actions["built-in"])[..., :ref.cfg.action_dim]
+    d = (actions["tuned"] - actions["built-in"])[..., :ref.model_config.action_dim]
     result = {"mode": args.mode, "table": str(table), "hw_profile": ref.hardware.profile,
               "threads": torch.get_num_threads(), "runs": args.runs,
               **{name: {k: stats(v) for k, v in t.items()} for name, t in times.items()},

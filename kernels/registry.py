@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import torch
-
 OP_KINDS = ("attention", "linear", "mlp", "rms_norm", "layer_norm", "rope", "patch_embed", "pixel_shuffle",
             "kv", "cast")
 
@@ -89,20 +87,3 @@ def op_kinds() -> tuple[str, ...]:
     return OP_KINDS
 
 
-def cpu_has(flag: str) -> bool:
-    """True when /proc/cpuinfo lists ``flag`` (e.g. 'avx512_bf16'); False elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return flag in line.split()
-    except OSError:
-        pass
-    return False
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if name not in table:
-        raise ValueError(f"unknown dtype name {name!r}; known: {sorted(table)}")
-    return table[name]

@@ -1,17 +1,21 @@
 """Bag-replay testing: the node graph fed from a rosbag2 bag, its outputs recorded to another bag.
 
     ros2 launch edgefm_ros replay.launch.py bag:=/path/to/bag record:=/tmp/edgefm_record [rate:=1.0]
+        [checkpoint:=DIR] [params_file:=FILE] [use_router:=true] ...   (--show-args: every argument)
 
 The nodes are edgefm.launch.py's (included, so the graph is defined once), with the synthetic bag's
-parameters (config/replay.yaml) and the router off by default. Make a synthetic bag with
-``edgefm-bag make BAG``. Replay and recording use edgefm-bag (rosbags), which publishes the stored CDR
-bytes on the bag's timeline, header stamps moved to replay time.
+parameters (config/replay.yaml) and the router off by default; the shared arguments (checkpoint, mode,
+camera_topics, namespace, autostart: edgefm_ros/ros/launch_args.py) reach the included graph. Make a
+synthetic bag with ``edgefm-bag make BAG``. Replay and recording use edgefm-bag (rosbags), which publishes
+the stored CDR bytes on the bag's timeline, header stamps moved to replay time.
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, ExecuteProcess, IncludeLaunchDescription, TimerAction
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.substitutions import FindPackageShare
+
+from edgefm_ros.ros.launch_args import declare
 
 
 def generate_launch_description():
@@ -20,9 +24,9 @@ def generate_launch_description():
         DeclareLaunchArgument("bag", description="rosbag2 bag to replay"),
         DeclareLaunchArgument("record", default_value="edgefm_record", description="output bag"),
         DeclareLaunchArgument("rate", default_value="1.0", description="replay time factor"),
-        DeclareLaunchArgument("params_file", default_value=PathJoinSubstitution([share, "config", "replay.yaml"]),
-                              description="node parameters for the synthetic bag's topics"),
-        DeclareLaunchArgument("use_router", default_value="false", description="start router_node"),
+        DeclareLaunchArgument("play_delay_s", default_value="5.0",
+                              description="seconds between the start and the replay (model load, warm-up)"),
+        *declare(params_file=PathJoinSubstitution([share, "config", "replay.yaml"]), use_router="false"),
         IncludeLaunchDescription(
             PythonLaunchDescriptionSource(PathJoinSubstitution([share, "launch", "edgefm.launch.py"])),
             launch_arguments={"params_file": LaunchConfiguration("params_file"),
@@ -30,8 +34,7 @@ def generate_launch_description():
         ExecuteProcess(cmd=["edgefm-bag", "record", LaunchConfiguration("record"), "--topics",
                             "/edgefm/action_chunk", "/edgefm/queue_status", "/edgefm/route", "/edgefm/command",
                             "/diagnostics"], output="screen"),
-        # give the model time to load and warm up before the data starts
-        TimerAction(period=5.0, actions=[
+        TimerAction(period=LaunchConfiguration("play_delay_s"), actions=[
             ExecuteProcess(cmd=["edgefm-bag", "play", LaunchConfiguration("bag"), "--rate",
                                 LaunchConfiguration("rate")], output="screen")]),
     ])

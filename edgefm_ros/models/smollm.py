@@ -47,11 +47,13 @@ class LlamaLayer(nn.Module):
 
 
 class SmolLM(nn.Module):
-    """Token embeddings + the first ``n_layers`` decoder layers."""
+    """The VLM's text model as SmolVLA uses it: the token embedding and its *first* ``n_layers`` decoder layers
+    (``num_vlm_layers`` of SmolVLA's config), no final norm, no LM head; not a language model on its own
+    (the autoregressive SmolLM2 is ``llm.CausalLM``)."""
 
     def __init__(self, cfg: TextConfig, n_layers: int, ops, w):
         super().__init__()
-        self.embed = w("embed_tokens.weight", cfg.vocab, cfg.hidden)
+        self.token_embedding = w("embed_tokens.weight", cfg.vocab, cfg.hidden)  # [V, H] weight
         self.layers = nn.ModuleList(LlamaLayer(cfg, ops, w.scoped(f"layers.{i}."), f"vlm.layers.{i}", "vlm")
                                     for i in range(n_layers))
         w("norm.weight", cfg.hidden)  # final norm: its output is never read by SmolVLA (checked, not kept)

@@ -64,7 +64,7 @@ class SmolVLA(nn.Module):
 
     def embed_language(self, tokens):
         """tokens [B, L] i64 -> [B, L, H] scaled by sqrt(H)."""
-        x = F.embedding(tokens, self.text.embed)
+        x = F.embedding(tokens, self.text.token_embedding)
         return x * math.sqrt(x.shape[-1])
 
     def embed_state(self, state):

@@ -136,6 +136,8 @@ class ActionNode(LifecycleNode):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+            if self._thread.is_alive():
+                self.get_logger().error("the control thread did not stop within 2 s")
             self._thread = None
         self._realtime = False
 

@@ -1,7 +1,7 @@
 """router_node: the INAR-VL router as a ROS 2 node (a thin shell over edgefm_ros.routing).
 
 Subscribes to the cameras (sensor_msgs/Image, or CompressedImage for topics ending in /compressed;
-sensor-data QoS), the instruction (std_msgs/String, reliable + transient local) and link samples
+sensor-data QoS), the instruction (std_msgs/String from any reliable publisher, latched or not) and link samples
 (std_msgs/Float64MultiArray ``[upload_bytes, upload_s, rtt_s]`` from whoever makes cloud calls; an
 empty array reports a failed call). Publishes ``edgefm_ros/RouteDecision`` on ``route_topic`` at
 ``rate_hz`` and at once on every new instruction, and the decision overhead on /diagnostics.
@@ -53,7 +53,8 @@ PARAMS = (
               "empty: observation.images.camera<i>."),
     ParamSpec("camera_transports", "str[]", (), "raw or compressed per camera topic; empty: compressed when "
               "the topic ends in /compressed.", choices=("raw", "compressed")),
-    ParamSpec("instruction_topic", "str", "/instruction", "std_msgs/String task (reliable, transient local)."),
+    ParamSpec("instruction_topic", "str", "/instruction", "std_msgs/String task from any reliable publisher; "
+              "a latched (transient local) one also reaches a node started after it."),
     ParamSpec("default_instruction", "str", "", "Instruction used until one arrives; empty: wait for one."),
     ParamSpec("route_topic", "str", "edgefm/route", "Output: edgefm_ros/RouteDecision."),
     ParamSpec("rate_hz", "float", 2.0, "Decisions per second (0: only on new instructions).", range=(0.0, 100.0)),
@@ -133,7 +134,7 @@ def make_prober(cfg: RouterNodeConfig, link):
     """Link probes of ``cloud_url`` feeding ``link`` (None without cloud_url or with probe_period_s 0)."""
     if not cfg.cloud_url or cfg.probe_period_s <= 0:
         return None
-    from edgefm_ros.cloud.client_base import read_token
+    from edgefm_ros.cloud.client.base import read_token
     from edgefm_ros.cloud.probe import ProbeConfig
     from edgefm_ros.cloud.probe import make_prober as make
 
@@ -238,7 +239,7 @@ class RouterNode(Node):
         for topic, key, transport in zip(self.cfg.camera_topics, self.cfg.camera_keys, self.cfg.camera_transports):
             mtype = CompressedImage if transport == "compressed" else Image
             self.create_subscription(mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR)
-        self.create_subscription(String, self.cfg.instruction_topic, self._on_instruction, qos.LATCHED)
+        qos.instruction_subscriptions(self, String, self.cfg.instruction_topic, self._on_instruction)
         self.create_subscription(Float64MultiArray, self.cfg.link_sample_topic, self._on_link_sample, qos.RELIABLE)
         self._pub = self.create_publisher(RouteDecisionMsg, self.cfg.route_topic, qos.RELIABLE)
         self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)

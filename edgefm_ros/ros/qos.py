@@ -1,14 +1,23 @@
 """Named QoS profiles used by the nodes and tools."""
 from __future__ import annotations
 
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 # Cameras and joint states: the newest sample matters, a lost one does not (REP 2003 sensor data).
 SENSOR = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5, reliability=ReliabilityPolicy.BEST_EFFORT,
                     durability=DurabilityPolicy.VOLATILE)
-# The instruction: a late subscriber still gets the current task.
+# The instruction's publishers (bag replay, sim_node, a task planner): a late subscriber still gets the
+# current task.
 LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
+# The instruction's subscriptions (instruction_subscriptions): a live one that any reliable publisher
+# matches, a volatile one too (`ros2 topic pub --once /instruction std_msgs/msg/String ...`), and a latched
+# one, so that a node started late still gets the task a latched publisher holds. One profile cannot do
+# both: a transient-local reader refuses volatile writers, and Jazzy's BEST_AVAILABLE durability is
+# resolved when the subscription is made, to transient local when no publisher is known yet.
+INSTRUCTION_LIVE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                              durability=DurabilityPolicy.VOLATILE)
 # Action chunks and robot commands: every message counts.
 RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
                       durability=DurabilityPolicy.VOLATILE)
@@ -19,3 +28,12 @@ LATEST = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=Reliab
 # /diagnostics, as diagnostic_updater publishes it.
 DIAGNOSTICS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE)
+
+
+def instruction_subscriptions(node, msg_type, topic: str, callback) -> list:
+    """Both instruction subscriptions (INSTRUCTION_LIVE and LATCHED) with one callback. A message from a
+    latched publisher may arrive twice (once on each): the callback must be idempotent. The latched one
+    stays quiet about volatile publishers (the live one receives them)."""
+    quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)
+    return [node.create_subscription(msg_type, topic, callback, INSTRUCTION_LIVE),
+            node.create_subscription(msg_type, topic, callback, LATCHED, event_callbacks=quiet)]

@@ -49,6 +49,8 @@ PARAMS = (
     ParamSpec("command_type", "str", "joint_trajectory", "Command message type on command_topic (action_node's "
               "command_type).", choices=COMMAND_TYPES),
     ParamSpec("joint_names", "str[]", JOINTS, "State and command joint names (end-effector xyz, gripper)."),
+    ParamSpec("realtime_priority", "int", 0, "SCHED_FIFO priority of the physics thread (0: normal scheduling; "
+              "needs CAP_SYS_NICE): the simulated robot keeps the wall clock on a busy machine.", range=(0, 99)),
     ParamSpec("results_path", "str", "", "Per-episode results appended as JSON lines; empty: none."),
     ParamSpec("diagnostics_period_s", "float", 1.0, "Period of /diagnostics.", range=(0.05, 60.0)),
     ParamSpec("autostart", "bool", False, "Configure and activate on start (no lifecycle manager needed)."),
@@ -78,6 +80,7 @@ class SimNodeConfig:
     command_topic: str
     command_type: str
     joint_names: tuple[str, ...]
+    realtime_priority: int
     results_path: str
     diagnostics_period_s: float
     autostart: bool

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Callable
@@ -50,6 +51,13 @@ class ShutdownRequest:
     def parent_gone(self) -> bool:
         return self._parent is not None and os.getppid() != self._parent
 
+    def ignore_further(self) -> None:
+        """Once cleaned up: further SIGINT/SIGTERM are ignored. Python's finalization restores the default
+        action of a signal that has a Python handler, and a second Ctrl-C (the terminal's and the launcher's
+        arrive apart) would then kill the exiting process (status -2 instead of 0)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+
     def requested(self) -> bool:
         if not self.event.is_set() and self.parent_gone():
             self._logger.warning("launcher process exited: shutting down")
@@ -58,14 +66,20 @@ class ShutdownRequest:
         return self.event.is_set()
 
 
-def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[object], None] | None = None) -> int:
+def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[object], None] | None = None,
+             exit_process: bool = True) -> int:
     """Build the node with ``make()`` and spin it until SIGINT or SIGTERM (or, started by a launch file, its
     launcher's death); exit status 0.
 
     The order at shutdown: the spin loop ends (no callback runs after it), ``stop(node)`` stops and joins
-    the node's own threads (control loop, inference worker: nothing publishes after it), then the node is
-    destroyed and rclpy shut down. Invalid parameters (ValueError / ParameterException raised while
-    building) are logged as fatal with the reason and give exit status 2.
+    the node's own threads (control loop, inference worker: nothing publishes after it), the node is
+    destroyed, rclpy shut down and its context finalized (the DDS participant deleted: the other nodes see
+    it leave). Then, with ``exit_process``, the process ends at once (``exit_now``) instead of returning:
+    the interpreter's finalization would run the DDS library's static destructors while its own threads
+    (shared-memory watchdog, receivers) still run, and that sometimes corrupted the heap or exited with 255
+    (1 in ~15 Ctrl-Cs of the full graph, measured with tools/launch_cycles.py). Invalid parameters
+    (ValueError / ParameterException raised while building) are logged as fatal with the reason and give
+    exit status 2.
     """
     request = ShutdownRequest(rclpy.logging.get_logger(name))
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
@@ -75,7 +89,9 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
     except (ValueError, ParameterException) as e:
         rclpy.logging.get_logger(name).fatal(f"invalid parameters: {e}")
         rclpy.try_shutdown()
-        return 2
+        context.destroy()
+        request.ignore_further()
+        return exit_now(2) if exit_process else 2
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:
@@ -93,7 +109,16 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
         executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
         rclpy.try_shutdown()
-    return 0
+        context.destroy()
+        request.ignore_further()
+    return exit_now(0) if exit_process else 0
+
+
+def exit_now(code: int) -> int:
+    """End the process with ``code`` once everything is cleaned up: stdio flushed, no finalizers run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def spin_until_shutdown(executor, context, stop: threading.Event | None = None, period_s: float = 0.05) -> None:

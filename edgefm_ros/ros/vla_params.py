@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
+from edgefm_ros.runtime.modes import MODES
 from edgefm_ros.ros.params import ParamSpec, validate
 
 NODE_NAME = "vla_node"
@@ -15,7 +16,8 @@ PARAMS = (
               "pre/post-processor files)."),
     ParamSpec("vlm_dir", "str", "", "Directory with the VLM config and tokenizer; empty: resolved from the "
               "checkpoint."),
-    ParamSpec("mode", "str", "exact", "Engine mode: exact (LeRobot parity) or fast.", choices=("exact", "fast")),
+    ParamSpec("mode", "str", "exact", "Engine mode: exact (LeRobot parity), fast (tuned kernels) or reference.",
+              choices=MODES),
     ParamSpec("vision_position_ids", "str", "auto", "SmolVLM vision position ids the checkpoint was trained with: "
               "legacy (LeRobot 0.4.x / transformers 4.55.1-4.57), fixed (LeRobot 0.3.x and >= 0.5, SmolVLA "
               "pretraining), auto (the checkpoint's edgefm_numerics.json or LeRobot record, else fixed with a "
@@ -34,7 +36,8 @@ PARAMS = (
     ParamSpec("state_joint_names", "str[]", (), "Joint names in the model's state order (len = state_dim)."),
     ParamSpec("action_joint_names", "str[]", (), "Joint name of each action column (len = action_dim); empty: "
               "state_joint_names."),
-    ParamSpec("instruction_topic", "str", "instruction", "std_msgs/String task (reliable, transient local)."),
+    ParamSpec("instruction_topic", "str", "instruction", "std_msgs/String task from any reliable publisher; "
+              "a latched (transient local) one also reaches a node started after it."),
     ParamSpec("default_task", "str", "", "Task used until an instruction arrives; empty: wait for one."),
     ParamSpec("action_rate_hz", "float", 30.0, "Rate the policy's actions are meant for (chunk row spacing).",
               range=(1.0, 1000.0)),

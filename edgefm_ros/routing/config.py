@@ -198,15 +198,24 @@ class RouterConfig:
 
 
 def _build(cls, doc: Mapping[str, Any] | None, where: str, **nested):
+    """``cls`` from a YAML mapping; ValueError naming ``where``, the key and the value for any bad input."""
+    if doc is not None and not isinstance(doc, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {doc!r:.200}")
     doc = dict(doc or {})
     known = {f.name for f in fields(cls)}
-    unknown = sorted(set(doc) - known)
+    unknown = sorted((k for k in doc if k not in known), key=str)
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
     for key, conv in nested.items():
         if key in doc:
-            doc[key] = conv(doc[key])
-    return cls(**doc)
+            try:
+                doc[key] = conv(doc[key])
+            except (TypeError, AttributeError) as e:
+                raise ValueError(f"{where}.{key}: bad value {doc[key]!r:.200} ({e})") from None
+    try:
+        return cls(**doc)
+    except (TypeError, AttributeError) as e:  # a value of the wrong type met a check or a conversion
+        raise ValueError(f"{where}: bad value in {doc!r:.300} ({e})") from None
 
 
 def _pairs(where: str):
@@ -274,7 +283,11 @@ def load_router_config(path: str | Path) -> RouterConfig:
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"router config {str(p)!r} does not exist")
-    return router_config_from_dict(yaml.safe_load(p.read_text()))
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"router config {str(p)!r} is not readable YAML: {e}") from None
+    return router_config_from_dict(doc)
 
 
 def router_config_to_dict(cfg: RouterConfig) -> dict[str, Any]:

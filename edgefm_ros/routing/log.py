@@ -89,13 +89,14 @@ def read_log(path: str | Path) -> list[LogRecord]:
     if not p.is_file():
         raise ValueError(f"log {str(p)!r} does not exist")
     out = []
-    with p.open() as f:
-        for n, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    d = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{p}:{n}: not JSON: {e}") from None
+    with p.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode()
+                d = json.loads(line) if line.strip() else None
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+                raise ValueError(f"{p}:{n}: not a JSON line: {e}") from None
+            if d is not None:
                 out.append(record_from_dict(d, f"{p}:{n}"))
     return out
 

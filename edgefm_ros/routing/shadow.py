@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -55,16 +55,6 @@ def chunk_quality(actions: np.ndarray, reference: np.ndarray, scale: float | np.
     if not (math.isfinite(tolerance) and tolerance > 0):
         raise ValueError(f"tolerance must be > 0, got {tolerance!r}")
     return math.exp(-(chunk_error(actions, reference, scale, horizon) / tolerance) ** 2)
-
-
-def pair_qualities(chunks: Mapping[str, np.ndarray], reference: str, scale: float | np.ndarray = 1.0,
-                   tolerance: float = 0.5, horizon: int | None = None) -> dict[str, float]:
-    """candidate -> quality for the chunks of one request; ``reference`` must be among them."""
-    if reference not in chunks:
-        raise ValueError(f"the reference candidate {reference!r} has no chunk; got {sorted(chunks)}")
-    ref = chunks[reference]
-    return {name: 1.0 if name == reference else chunk_quality(a, ref, scale, tolerance, horizon)
-            for name, a in chunks.items()}
 
 
 @dataclass(frozen=True)

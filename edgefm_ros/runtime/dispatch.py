@@ -21,6 +21,8 @@ import yaml
 import edgefm_kernels
 from edgefm_kernels.registry import Impl, OpSpec, get_impl
 
+from .modes import check_mode
+
 KEY_FIELDS = ("model", "hw_profile", "op_kind", "layer_role", "op_name", "stage", "shape_sig")
 RECORD_FIELDS = KEY_FIELDS + ("impl_id", "impl_params", "provenance")
 STAGES = ("prefill", "decode")
@@ -106,9 +108,12 @@ def parse_records(data: Any, source: str) -> list[Record]:
         where = f"{source}#{i}"
         if not isinstance(raw, Mapping):
             raise DispatchError(f"{where}: a record is a mapping, got {raw!r}")
-        unknown = sorted(set(raw) - set(RECORD_FIELDS))
+        unknown = sorted((k for k in raw if k not in RECORD_FIELDS), key=str)
         if unknown:
             raise DispatchError(f"{where}: unknown field(s) {unknown} in record {dict(raw)}; known: {RECORD_FIELDS}")
+        for k in ("impl_params", "provenance"):
+            if raw.get(k) is not None and not isinstance(raw[k], Mapping):
+                raise DispatchError(f"{where}: {k} must be a mapping, got {raw[k]!r}")
         values = {k: ("" if raw.get(k) is None else str(raw[k])) for k in KEY_FIELDS if k in raw}
         rec = Record(impl_id=str(raw.get("impl_id") or ""), impl_params=dict(raw.get("impl_params") or {}),
                      provenance=dict(raw.get("provenance") or {}), source=where, **values)
@@ -125,9 +130,9 @@ def read_yaml(path: Path, what: str, error: type[ValueError] = DispatchError) ->
     """Parsed YAML of ``path``; unreadable or invalid files raise ``error`` naming ``what`` and the file."""
     try:
         return yaml.safe_load(path.read_text())
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise error(f"cannot read {what} {path}: {e}") from None
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, RecursionError) as e:
         raise error(f"{what} {path} is not valid YAML: {e}") from None
 
 
@@ -183,8 +188,7 @@ class Table:
 
 def builtin_tables(mode: str) -> list[Path]:
     """Built-in tables for a mode: the reference table, then the mode's own."""
-    if mode not in ("exact", "fast", "reference"):
-        raise ValueError(f"unknown mode {mode!r}; use 'exact' or 'fast'")
+    check_mode(mode)
     names = {"reference": ["reference.yaml"], "exact": ["reference.yaml", "exact.yaml"],
              "fast": ["reference.yaml", "exact.yaml", "fast.yaml"]}[mode]
     return [TABLE_DIR / n for n in names]
@@ -200,11 +204,17 @@ class OpResolver:
     built-in and user tables stay build-time errors.
     """
 
-    def __init__(self, table: Table, hw_profile: str, model: str, stage_of, fallback: Table | None = None):
+    def __init__(self, table: Table, hw_profile: str, model: str, stage_of, fallback: Table | None = None,
+                 files: Sequence[Path] = (), tuned: Path | None = None):
         self.table, self.hw_profile, self.model, self.stage_of = table, hw_profile, model, stage_of
         self.fallback = fallback  # ``table`` without its machine-made (tuned) part, or None
+        self.files, self.tuned = tuple(files), tuned  # the table files loaded (resolver.build_resolver), the tuned one
         self.resolved: list[Resolved] = []
         self.overruled: list[str] = []  # tuned records that could not serve here, and why
+
+    def restaged(self, stage_of) -> "OpResolver":
+        """The same tables with another role -> stage map (and its own record of what it resolved)."""
+        return OpResolver(self.table, self.hw_profile, self.model, stage_of, self.fallback, self.files, self.tuned)
 
     def build(self, op_kind: str, op_name: str, layer_role: str, shape_sig: str,
               dims: Mapping[str, int] | None = None, **operands):

@@ -27,13 +27,12 @@ from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.types import ActionChunk, Observation
 
 from .checkpoint import Checkpoint, load_checkpoint, resolve_vision_position_ids
-from . import skills
-from .dispatch import OpResolver, Table, builtin_tables, load_table
 from .hardware import Hardware, detect
+from .modes import Mode, check_mode
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
+from .resolver import build_resolver, tuned_table_path  # noqa: F401  (tuned_table_path: tools import it here)
 
 log = logging.getLogger(__name__)
-MODES = ("exact", "fast", "reference")
 PREFILL_ROLES = ("vision", "connector", "vlm", "state_proj", "expert_cross_kv")
 
 
@@ -43,7 +42,7 @@ def stage_of(layer_role: str) -> str:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    mode: str = "exact"
+    mode: Mode = "exact"
     tables: tuple[str, ...] = ()  # user dispatch tables, loaded after the built-in ones
     threads: int | None = None
     device: str = "cpu"
@@ -52,8 +51,7 @@ class EngineConfig:
     vision_position_ids: str = "auto"  # legacy | fixed | auto (the checkpoint's record, else the default)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_mode(self.mode, what="EngineConfig.mode")
         if self.vision_position_ids not in VISION_POSITION_ID_CHOICES:
             raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, "
                              f"got {self.vision_position_ids!r}")
@@ -96,33 +94,14 @@ class Prefix:
     pad_mask: torch.Tensor  # bool [B, P]
 
 
-def tuned_table_path(hw_profile: str) -> Path:
-    """config/dispatch/<hw_profile>.yaml of the source tree or installed share dir."""
-    here = Path(__file__).resolve()
-    for root in (here.parents[2], here.parents[1]):
-        p = root / "config" / "dispatch" / f"{hw_profile}.yaml"
-        if p.is_file():
-            return p
-    return here.parents[2] / "config" / "dispatch" / f"{hw_profile}.yaml"
-
-
 class Engine:
     def __init__(self, ckpt: Checkpoint, config: EngineConfig, hardware: Hardware):
         self.ckpt, self.config, self.hardware = ckpt, config, hardware
         cfg = ckpt.config
-        self.cfg = cfg
-        tables = builtin_tables(config.mode)
-        if config.mode != "reference":  # the mode's skills whose requirements are met here
-            tables += skills.tables_for(hardware.profile, mode=config.mode)
-        tuned = tuned_table_path(hardware.profile)
-        if config.mode == "fast" and config.use_tuned and tuned.is_file():
-            tables.append(tuned)
-        tables += [Path(t) for t in config.tables]
-        self.table_files = tables
-        parsed = {t: load_table(t) for t in tables}  # each file once
-        table = Table([r for t in tables for r in parsed[t]])
-        untuned = Table([r for t in tables if t != tuned for r in parsed[t]]) if tuned in parsed else None
-        self.resolver = OpResolver(table, hardware.profile, "smolvla", stage_of, untuned)
+        self.model_config = cfg  # SmolVLAConfig of the checkpoint; self.config is the EngineConfig
+        self.resolver = build_resolver(config.mode, hardware.profile, "smolvla", stage_of, config.tables,
+                                       config.use_tuned)
+        self.table_files = list(self.resolver.files)
         self.device = torch.device(config.device)
         # chosen once: the vision tower gathers its position table with it at build time
         self.vision_position_ids, source = resolve_vision_position_ids(ckpt.path, config.vision_position_ids)
@@ -133,7 +112,7 @@ class Engine:
         self.weights.check_all_used()
         if self.resolver.overruled:
             log.warning("tuned table %s: %d record(s) cannot serve on this machine, built without them; first: %s",
-                        tuned, len(self.resolver.overruled), self.resolver.overruled[0])
+                        self.resolver.tuned, len(self.resolver.overruled), self.resolver.overruled[0])
         # activation dtype of each part (cast records: fp32 in exact mode, bf16 in fast mode where it pays)
         self.act = {part: self.resolver.build("cast", f"{part}.activations", f"{part}_act", "")
                     for part in ("vision", "vlm", "expert")}
@@ -141,9 +120,9 @@ class Engine:
         self.weights.file.release()  # resident again only what inference actually reads
         trim_heap()  # the build's freed weight copies back to the kernel
         self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
-        # decode constants: timesteps t_k = 1 + k * dt, their embeddings' share of action_time_mlp_in
-        self.dt = -1.0 / cfg.num_steps
-        t = torch.tensor([1.0 + k * self.dt for k in range(cfg.num_steps)], dtype=torch.float32, device=self.device)
+        # decode constants: timesteps t_k = 1 + k * euler_dt, their embeddings' share of action_time_mlp_in
+        self.euler_dt = -1.0 / cfg.num_steps  # the flow-matching Euler step (not predict's control period)
+        t = torch.tensor([1.0 + k * self.euler_dt for k in range(cfg.num_steps)], dtype=torch.float32, device=self.device)
         with torch.no_grad():
             self.time_terms = self.act["expert"](self.model.time_terms(t))  # [S, He]
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -164,7 +143,7 @@ class Engine:
     # ---- phases ---------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, inp: ModelInputs) -> Prefix:
-        m, cfg, dev = self.model, self.cfg, self.device
+        m, cfg, dev = self.model, self.model_config, self.device
         inp = inp.to(dev)
         b, ncam = inp.batch, len(inp.images)
         # one camera at a time: the vision MLP's activations stay below malloc's mmap threshold (32 MiB),
@@ -200,17 +179,17 @@ class Engine:
     def decode(self, prefix: Prefix, noise: torch.Tensor, trace: list | None = None) -> torch.Tensor:
         """noise [B, C, A] (x at t = 1) -> normalised actions [B, C, A]."""
         x, ex = noise.to(self.device), self.act["expert"]
-        for k in range(self.cfg.num_steps):
+        for k in range(self.model_config.num_steps):
             v = self.model.velocity(ex(x), self.time_terms[k], prefix.contexts, prefix.rope_self, prefix.rope_cross,
                                     prefix.mask_self, prefix.mask_cross)
-            x = x + self.dt * v.float()
+            x = x + self.euler_dt * v.float()
             if trace is not None:
                 trace.append((v, x))
         return x
 
     def sample(self, inp: ModelInputs, noise: torch.Tensor | None = None) -> torch.Tensor:
         """Model-level inputs -> normalised, padded actions [B, C, max_action_dim]; records timings."""
-        shape = (inp.batch, self.cfg.chunk_size, self.cfg.max_action_dim)
+        shape = (inp.batch, self.model_config.chunk_size, self.model_config.max_action_dim)
         if noise is None:
             noise = torch.randn(shape, generator=self.generator)
         elif tuple(noise.shape) != shape:
@@ -230,9 +209,9 @@ class Engine:
     def inputs_from_observation(self, obs: Observation) -> ModelInputs:
         frames = {}
         for key in obs.images:
-            if key not in self.cfg.camera_keys:
-                raise InputError(f"unknown camera {key!r}; the model's cameras are {list(self.cfg.camera_keys)}")
-        for key in self.cfg.camera_keys:
+            if key not in self.model_config.camera_keys:
+                raise InputError(f"unknown camera {key!r}; the model's cameras are {list(self.model_config.camera_keys)}")
+        for key in self.model_config.camera_keys:
             if key in obs.missing:
                 frames[key] = None
             elif key not in obs.images:
@@ -244,11 +223,13 @@ class Engine:
 
     def predict(self, obs: Observation, *, noise: np.ndarray | None = None, dt: float = 1 / 30, seq: int = 0,
                 source: str = "edge") -> ActionChunk:
+        """One observation -> one chunk in raw units. ``dt``: the control period the chunk's rows are spaced by
+        (ActionChunk.dt), not the flow-matching step ``euler_dt``; ``noise`` [chunk_size, max_action_dim]."""
         t0 = time.perf_counter()
         inp = self.inputs_from_observation(obs)
         nz = None
         if noise is not None:
-            shape = (self.cfg.chunk_size, self.cfg.max_action_dim)
+            shape = (self.model_config.chunk_size, self.model_config.max_action_dim)
             if np.shape(noise) != shape:
                 raise InputError(f"noise must have shape {shape}, got {np.shape(noise)}")
             nz = torch.as_tensor(np.asarray(noise, dtype=np.float32))[None]
@@ -263,7 +244,7 @@ class Engine:
         rng = np.random.default_rng(seed)
         images = {k: rng.integers(0, 256, size=(s[1], s[2], 3), dtype=np.uint8)
                   for k, s in self.spec.image_shapes.items()}
-        return Observation(images, rng.standard_normal(self.cfg.state_dim).astype(np.float32), "warm up")
+        return Observation(images, rng.standard_normal(self.model_config.state_dim).astype(np.float32), "warm up")
 
     def warmup(self, runs: int = 1) -> None:
         obs = self.synthetic_observation()
@@ -275,7 +256,7 @@ class Engine:
         from .graphs import CapturedPhase
 
         inp = self.inputs_from_observation(self.synthetic_observation())
-        noise = torch.randn((inp.batch, self.cfg.chunk_size, self.cfg.max_action_dim), generator=self.generator)
+        noise = torch.randn((inp.batch, self.model_config.chunk_size, self.model_config.max_action_dim), generator=self.generator)
         self.decode_graph = CapturedPhase(self.decode, (self.prefill(inp), noise.to(self.device)))
         return self.decode_graph.capture_s
 

@@ -24,11 +24,12 @@ import torch
 
 from edgefm_ros.models.llm import CausalLM, LlmConfig, SmolVLM, SmolVlmConfig
 
-from .dispatch import STAGES, OpResolver, Record, Table, builtin_tables
+from .dispatch import STAGES, Record
 from .hardware import detect
+from .modes import Mode, check_mode
+from .resolver import build_resolver
 from .kv_cache import PrefixKV, StaticKVCache, load_prefix, prefix_fingerprint, save_prefix, weights_fingerprint
 
-MODES = ("exact", "fast", "reference")
 # SmolVLM2's chat format, used when a VLM tokenizer ships no template
 SMOLVLM_TEMPLATE = ("<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}:{% if m['content'] is string %}"
                     "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>"
@@ -178,15 +179,15 @@ def run_layers(lm: CausalLM, x: torch.Tensor, positions: torch.Tensor, mask: tor
 # ---- the engine -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LlmEngineConfig:
-    mode: str = "exact"
-    tables: tuple[str, ...] = ()  # user dispatch tables, loaded after the built-in ones
+    mode: Mode = "exact"
+    tables: tuple[str, ...] = ()  # user dispatch tables, loaded after the built-in ones, skills and tuned table
+    use_tuned: bool = True  # load config/dispatch/<hw_profile>.yaml in fast mode when present
     kv_codec: str | None = None  # forces an op_kind kv impl (e.g. "int8"); None: the tables decide
     capacity: int = 2048  # KV positions allocated once
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_mode(self.mode, what="LlmEngineConfig.mode")
         if not isinstance(self.capacity, int) or self.capacity < 2:
             raise ValueError(f"capacity must be an integer >= 2, got {self.capacity!r}")
         if self.threads is not None and self.threads < 1:
@@ -247,18 +248,17 @@ class LlmEngine:
 
     def __init__(self, cfg: LlmConfig, weights, tokenizer: ChatTokenizer, config: LlmEngineConfig,
                  model_name: str, vlm: SmolVlmConfig | None = None, fingerprint_file: Path | None = None):
-        self.cfg, self.tokenizer, self.config, self.vlm_cfg = cfg, tokenizer, config, vlm
+        self.model_config, self.tokenizer, self.config, self.vlm_config = cfg, tokenizer, config, vlm  # model vs engine configs
         self.weights, self._fp_file, self._weights_fp = weights, fingerprint_file, None
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         self.hardware = detect("cpu")
-        records = Table.from_files(builtin_tables(config.mode) + [Path(t) for t in config.tables]).records
-        if config.kv_codec:
-            records += (Record(impl_id=config.kv_codec, op_kind="kv", source="kv_codec option"),)
-        table = Table(records)
-        self.resolvers = {s: OpResolver(table, self.hardware.profile, model_name, lambda role, s=s: s) for s in STAGES}
+        forced = [Record(impl_id=config.kv_codec, op_kind="kv", source="kv_codec option")] if config.kv_codec else []
+        base = build_resolver(config.mode, self.hardware.profile, model_name, lambda role: "prefill", config.tables,
+                              config.use_tuned, forced)
+        self.resolvers = {s: base.restaged(lambda role, s=s: s) for s in STAGES}
         # one artifact per phase; when no record names a stage both would be the same: build it once
-        split = any(r.stage not in ("", "*") for r in records)
+        split = any(r.stage not in ("", "*") for r in base.table.records)
         root = weights.scoped("")
         with torch.no_grad():
             if vlm is not None:
@@ -329,7 +329,7 @@ class LlmEngine:
 
     @property
     def model_sig(self) -> str:
-        return repr((self.cfg, self.vlm_cfg is not None))
+        return repr((self.model_config, self.vlm_config is not None))
 
     @torch.inference_mode()
     def build_prefix(self, prefix: str | Sequence[int]) -> PrefixKV:
@@ -379,9 +379,9 @@ class LlmEngine:
             ids = self.tokenizer.encode(self.tokenizer.render(prompt))
         elif isinstance(prompt, (Sequence, np.ndarray, torch.Tensor)):
             ids = [int(i) for i in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
-            bad = [i for i in ids if not 0 <= i < self.cfg.text.vocab]
+            bad = [i for i in ids if not 0 <= i < self.model_config.text.vocab]
             if bad:
-                raise GenerationError(f"token id(s) {bad[:5]} outside the vocabulary [0, {self.cfg.text.vocab})")
+                raise GenerationError(f"token id(s) {bad[:5]} outside the vocabulary [0, {self.model_config.text.vocab})")
         else:
             raise GenerationError(f"prompt must be text, chat messages or token ids, got {type(prompt).__name__}")
         if not ids:
@@ -390,11 +390,11 @@ class LlmEngine:
 
     def expand_images(self, ids: list[int], n_images: int) -> list[int]:
         """Each ``<image>`` id -> SmolVLM2's block: <fake_token_around_image><global-img><image>*T<fake...>."""
-        tid = self.vlm_cfg.image_token_id
+        tid = self.vlm_config.image_token_id
         if ids.count(tid) != n_images:
             raise GenerationError(f"prompt holds {ids.count(tid)} <image> marker(s) for {n_images} image(s)")
         fake, glob = self.tokenizer.token_id("<fake_token_around_image>"), self.tokenizer.token_id("<global-img>")
-        block = [fake, glob] + [tid] * self.vlm_cfg.vlm.image_tokens + [fake]
+        block = [fake, glob] + [tid] * self.vlm_config.vlm.image_tokens + [fake]
         if None in block:
             raise GenerationError("tokenizer lacks <fake_token_around_image> / <global-img>")
         out = []
@@ -406,7 +406,7 @@ class LlmEngine:
         """uint8 HxWx3 RGB / float32 3xHxW [0, 1] images -> [N, 3, S, S] in [-1, 1] (aspect kept, padded)."""
         from .preprocess import image_to_chw01, resize_with_pad
 
-        s = self.vlm_cfg.vlm.vision.image_size
+        s = self.vlm_config.vlm.vision.image_size
         out = [resize_with_pad(image_to_chw01(f"image {i}", img)[None], s, s) for i, img in enumerate(images)]
         return torch.cat(out) * 2.0 - 1.0
 
@@ -418,7 +418,7 @@ class LlmEngine:
         n = len(ids)
         t = torch.tensor([list(ids)])
         lm = self.lm["prefill"]
-        x = self.vlm.embed(t, pixels) if self.vlm is not None else lm.embed_tokens(t)
+        x = self.vlm.embed_inputs(t, pixels) if self.vlm is not None else lm.embed_tokens(t)
         h, tapped = run_layers(lm, x, torch.arange(start, start + n)[None], causal_mask(start, n), self.cache,
                                start, taps)
         self.cache.length = start + n
@@ -449,7 +449,7 @@ class LlmEngine:
                 raise GenerationError("images given to a text-only model")
             ids = self.expand_images(ids, len(images))
             pixels = self.pixels(images)
-        elif self.vlm is not None and self.vlm_cfg.image_token_id in ids:
+        elif self.vlm is not None and self.vlm_config.image_token_id in ids:
             raise GenerationError("prompt holds <image> markers but no images were given")
         start = 0
         p = self.prefix

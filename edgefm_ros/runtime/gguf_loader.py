@@ -32,7 +32,11 @@ CONTROL_TOKEN = 3  # llama.cpp token type of special/control tokens
 
 
 class GgufError(ValueError):
-    pass
+    """A file we cannot read as a Llama GGUF; the message names the file and the field or tensor."""
+
+
+# what the gguf package raises on a malformed file (its reader indexes numpy views of the mapping)
+_READER_ERRORS = (OSError, ValueError, IndexError, KeyError, TypeError, OverflowError, AttributeError)
 
 
 def smollm2_gguf_path() -> Path:
@@ -91,7 +95,37 @@ class GgufModel:
 
 def _field(reader, key: str, default=None):
     f = reader.fields.get(key)
-    return default if f is None else f.contents()
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except _READER_ERRORS as e:
+        raise GgufError(f"field {key!r} cannot be read ({type(e).__name__}: {e})") from None
+
+
+def _int_field(reader, key: str, default=None) -> int:
+    v = _field(reader, key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise GgufError(f"field {key!r} must be an integer, got {v!r:.80}")
+    return int(v)
+
+
+def _float_field(reader, key: str, default: float) -> float:
+    v = _field(reader, key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise GgufError(f"field {key!r} must be a number, got {v!r:.80}")
+    return float(v)
+
+
+def _optional_id(reader, key: str) -> int | None:
+    return None if reader.fields.get(key) is None else _int_field(reader, key)
+
+
+def _strings(reader, key: str) -> list:
+    v = _field(reader, key, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise GgufError(f"field {key!r} must be a list of strings, got {type(v).__name__}")
+    return v
 
 
 def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -101,34 +135,53 @@ def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def read_gguf(path: str | Path) -> GgufModel:
+    """A Llama GGUF file -> GgufModel; GgufError naming the file and the bad field or tensor otherwise."""
+    path = Path(path)
+    try:
+        return _read_gguf(path)
+    except GgufError as e:
+        raise GgufError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
+    except ValueError as e:  # a config check (TextConfig, LlmConfig) on the values read
+        raise GgufError(f"{path}: {e}") from None
+
+
+def _read_gguf(path: Path) -> GgufModel:
     try:
         import gguf
     except ImportError:
         raise GgufError("reading GGUF needs the gguf package: pip install gguf==0.19.0") from None
-    path = Path(path)
     try:
         r = gguf.GGUFReader(path)
-    except (OSError, ValueError) as e:
-        raise GgufError(f"{path}: not a readable GGUF file ({e})") from None
+        tensor_list = list(r.tensors)
+    except _READER_ERRORS as e:
+        raise GgufError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     arch = _field(r, "general.architecture")
     if arch != "llama":
-        raise GgufError(f"{path}: architecture {arch!r} unsupported (need 'llama')")
-    heads, kv_heads = int(_field(r, "llama.attention.head_count")), int(_field(r, "llama.attention.head_count_kv"))
-    hidden = int(_field(r, "llama.embedding_length"))
-    tokens = list(_field(r, "tokenizer.ggml.tokens", []))
-    names = {t.name for t in r.tensors}
-    text = TextConfig(hidden=hidden, inner=int(_field(r, "llama.feed_forward_length")),
-                      layers=int(_field(r, "llama.block_count")), heads=heads, kv_heads=kv_heads,
-                      head_dim=int(_field(r, "llama.rope.dimension_count", hidden // heads)),
-                      vocab=int(_field(r, "llama.vocab_size", len(tokens))),
-                      eps=float(_field(r, "llama.attention.layer_norm_rms_epsilon", 1e-5)))
-    eos = _field(r, "tokenizer.ggml.eos_token_id")
-    cfg = LlmConfig(text, float(_field(r, "llama.rope.freq_base", 10_000.0)), "output.weight" not in names,
-                    int(_field(r, "llama.context_length", 8192)), _field(r, "tokenizer.ggml.bos_token_id"),
-                    () if eos is None else (int(eos),))
+        raise GgufError(f"{path}: architecture {arch!r:.80} unsupported (need 'llama')")
+    heads, kv_heads = _int_field(r, "llama.attention.head_count"), _int_field(r, "llama.attention.head_count_kv")
+    hidden = _int_field(r, "llama.embedding_length")
+    if heads < 1:
+        raise GgufError(f"{path}: field 'llama.attention.head_count' must be >= 1, got {heads}")
+    tokens = _strings(r, "tokenizer.ggml.tokens")
+    names = {t.name for t in tensor_list}
+    text = TextConfig(hidden=hidden, inner=_int_field(r, "llama.feed_forward_length"),
+                      layers=_int_field(r, "llama.block_count"), heads=heads, kv_heads=kv_heads,
+                      head_dim=_int_field(r, "llama.rope.dimension_count", hidden // heads),
+                      vocab=_int_field(r, "llama.vocab_size", len(tokens)),
+                      eps=_float_field(r, "llama.attention.layer_norm_rms_epsilon", 1e-5))
+    eos = _optional_id(r, "tokenizer.ggml.eos_token_id")
+    bos = _optional_id(r, "tokenizer.ggml.bos_token_id")
+    cfg = LlmConfig(text, _float_field(r, "llama.rope.freq_base", 10_000.0), "output.weight" not in names,
+                    _int_field(r, "llama.context_length", 8192), bos, () if eos is None else (eos,))
+    for name, i in (("eos", eos), ("bos", bos)):
+        if i is not None and not 0 <= i < len(tokens):
+            raise GgufError(f"{path}: {name} token id {i} outside the {len(tokens)} tokens")
     tensors = {}
-    for t in r.tensors:
-        a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    for t in tensor_list:
+        try:
+            a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        except _READER_ERRORS + (NotImplementedError,) as e:
+            raise GgufError(f"{path}: tensor {t.name!r} cannot be read ({type(e).__name__}: {e})") from None
         parts = t.name.split(".")
         if t.name in _TOP_KEYS:
             key = _TOP_KEYS[t.name]
@@ -140,9 +193,14 @@ def read_gguf(path: str | Path) -> GgufModel:
             raise GgufError(f"{path}: unexpected tensor {t.name!r}")
         a = np.ascontiguousarray(a)
         tensors[key] = torch.from_numpy(a if a.flags.writeable else a.copy())  # F32 tensors map the file
-    return GgufModel(cfg, tensors, tokens, list(_field(r, "tokenizer.ggml.token_type", [])),
-                     list(_field(r, "tokenizer.ggml.merges", [])), _field(r, "tokenizer.chat_template"),
-                     _field(r, "tokenizer.ggml.bos_token_id"), eos, _field(r, "tokenizer.ggml.padding_token_id"))
+    types = _field(r, "tokenizer.ggml.token_type", [])
+    if not isinstance(types, list) or not all(isinstance(x, (int, np.integer)) for x in types):
+        raise GgufError(f"{path}: field 'tokenizer.ggml.token_type' must be a list of integers")
+    template = _field(r, "tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise GgufError(f"{path}: field 'tokenizer.chat_template' must be a string, got {type(template).__name__}")
+    return GgufModel(cfg, tensors, tokens, list(types), _strings(r, "tokenizer.ggml.merges"), template,
+                     bos, eos, _optional_id(r, "tokenizer.ggml.padding_token_id"))
 
 
 def gguf_tokenizer(m: GgufModel):

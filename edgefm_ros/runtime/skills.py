@@ -36,12 +36,12 @@ from edgefm_kernels import native
 from edgefm_kernels.registry import OP_KINDS, get_impl
 
 from .dispatch import DispatchError, Record, parse_records, read_yaml
+from .modes import TUNABLE
 
 FIELDS = {"skill", "version", "summary", "device", "hw_profiles", "requires", "native", "modes", "default", "impls",
           "records", "verified"}
 REQUIRED = ("skill", "version", "summary", "device", "hw_profiles", "impls", "records")
 DEVICES = ("cpu", "cuda")
-MODES = ("exact", "fast")
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 PROFILE = re.compile(r"^(cpu|cuda)(_[a-z0-9]+)*$")
 
@@ -93,8 +93,8 @@ class Skill:
             except KeyError as e:
                 raise SkillError(f"{where}: {e.args[0]}") from None
         for m in self.modes:
-            if m not in MODES:
-                raise SkillError(f"{where}: mode {m!r} is not one of {MODES}")
+            if m not in TUNABLE:  # reference mode loads no skill
+                raise SkillError(f"{where}: mode {m!r} is not one of {list(TUNABLE)}")
         if "exact" in self.modes:
             for kind, impl_id in self.impls:
                 if get_impl(kind, impl_id).precision != "fp32":
@@ -141,7 +141,7 @@ def _strings(value: Any, what: str, where: Path) -> tuple[str, ...]:
 def parse_skill(data: Any, path: Path) -> Skill:
     if not isinstance(data, Mapping):
         raise SkillError(f"{path}: a skill manifest is a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - FIELDS)
+    unknown = sorted((k for k in data if k not in FIELDS), key=str)
     if unknown:
         raise SkillError(f"{path}: unknown field(s) {unknown}; known: {sorted(FIELDS)}")
     missing = [k for k in REQUIRED if k not in data]

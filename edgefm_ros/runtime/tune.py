@@ -32,9 +32,11 @@ import yaml
 
 from edgefm_kernels.registry import Impl, OpSpec, impls_for
 
-from .dispatch import OpResolver, Table, builtin_tables
-from .engine import Engine, tuned_table_path
+from .dispatch import OpResolver, Table
+from .engine import Engine
 from .hardware import detect
+from .modes import TUNABLE, check_mode
+from .resolver import tuned_table_path
 
 SEARCHED = ("linear", "mlp", "attention", "rms_norm", "layer_norm", "rope", "patch_embed", "pixel_shuffle")
 BOUNDS = {"fp32": 2e-5, "bf16": 3e-2, "fp16": 1e-2, "int8": 6e-2, "fp8": 1.5e-1}  # relative to max |ref|
@@ -396,9 +398,9 @@ def with_defaults(impl_id: str, site: Site, params: dict) -> dict:
     return {**{k: v[0] for k, v in impl.param_space.items() if v}, **params}
 
 
-def default_choice(site: Site, mode: str) -> tuple[str, dict]:
-    """impl_id and params the built-in table gives this site."""
-    rec = Table.from_files(builtin_tables(mode)).lookup(site.spec)
+def default_choice(site: Site, untuned: Table) -> tuple[str, dict]:
+    """impl_id and params the engine's tables without a tuned one (built-ins and skills) give this site."""
+    rec = untuned.lookup(site.spec)
     return rec.impl_id, dict(rec.impl_params)
 
 
@@ -441,15 +443,15 @@ def tune(checkpoint, vlm_dir=None, out_path=None, budget_s: float = 600.0, dry_r
          check_end_to_end: bool = True, rounds: int = 7, min_site_s: float = MIN_SITE_S,
          verbose: bool = False, vision_position_ids: str = "auto") -> int:
     """Search every site of the model; write the winners. Returns 0, or 1 when the end-to-end check fails."""
-    if mode not in ("exact", "fast"):
-        raise ValueError(f"tune mode must be 'exact' or 'fast', got {mode!r}")
+    check_mode(mode, TUNABLE, "tune mode")
     if budget_s <= 0:
         raise ValueError(f"budget_s must be > 0, got {budget_s}")
     t_start = time.perf_counter()
     hw = detect("cpu")
     out = Path(out_path) if out_path else tuned_table_path(hw.profile)
     sites, engine = capture_sites(checkpoint, vlm_dir, mode, threads, vision_position_ids)
-    del engine  # only its sites are needed: free the weights before timing
+    untuned = engine.resolver.table  # what the engine runs without a tuned table: built-ins + skills
+    del engine  # only its sites and tables are needed: free the weights before timing
     searched = [s for s in sites if s.spec.op_kind in SEARCHED]
     log(f"tune: {len(sites)} op sites ({sum(s.count for s in sites)} ops) on {hw.profile} ({hw.name}, "
         f"{hw.threads} threads), mode {mode}; searching {len(searched)} -> {out}")
@@ -492,7 +494,7 @@ def tune(checkpoint, vlm_dir=None, out_path=None, budget_s: float = 600.0, dry_r
         if not ok:
             log(f"  {site.name()}: no candidate survived; keeping the built-in record")
             continue
-        d_id, d_params = default_choice(site, mode)
+        d_id, d_params = default_choice(site, untuned)
         default = next((r for r in ok if r.impl_id == d_id and r.params == with_defaults(r.impl_id, site, d_params)),
                        None)
         best = pick_winner(ok)

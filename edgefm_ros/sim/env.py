@@ -7,10 +7,12 @@
     images, state = env.render(), env.state()            # {"scene", "wrist"}: uint8 [H, W, 3]; float32 [4]
 
 Control: Meta-World moves the hand through a mocap body welded to it. Our controller runs at the physics
-tick (80 Hz, 5 MuJoCo steps of 2.5 ms) and moves the mocap toward the target at most ``max_speed`` (Meta-World's
-own limit, 1 cm per tick), along a straight line, so it lands on the target and stays there: holding the last
-command holds the arm. The target is for the hand position reported by ``state()`` (the mocap-to-hand offset is
-measured at reset). The gripper command is the finger actuators' effort, as in Meta-World.
+tick (80 Hz, 5 MuJoCo steps of 2.5 ms) and moves the mocap toward the target by at most MAX_STEP_M per axis
+per tick (Meta-World's own limit, 0.8 m/s), along a straight line, so it lands on the target and stays there:
+holding the last command holds the arm. The target is for the hand position reported by ``state()`` (the
+mocap-to-hand offset is measured at reset). The weld is soft: a moving hand trails its target (by ~4 cm at
+0.4 m/s) and settles on it within ~0.5 s once the target holds; pressing against an object, the gap is the
+force. The gripper command is the finger actuators' effort, as in Meta-World.
 
 Rendering goes through ``mujoco.Renderer`` (EGL or OSMesa, ``MUJOCO_GL``) with shadows, multisampling and
 reflections off: a 64x64 frame costs a few ms on one core instead of ~100 ms with MuJoCo's defaults.
@@ -35,8 +37,18 @@ WORKSPACE_HIGH = np.array([0.5, 1.0, 0.5])
 # Cameras: "scene" is a free camera facing the robot across the table (upright: table below, robot above);
 # "wrist" is Meta-World's gripperPOV, fixed to the hand and looking down (top of the image = away from the
 # robot, right = +x).
-SCENE_CAMERA = dict(lookat=(0.0, 0.7, 0.15), distance=1.15, azimuth=-70.0, elevation=-45.0)
 CAMERAS = ("scene", "wrist")
+
+
+@dataclass(frozen=True)
+class FreeCamera:
+    lookat: tuple[float, float, float]  # world point at the image centre (m)
+    distance: float  # m from lookat
+    azimuth: float  # deg; -90 looks along -y (from across the table toward the robot)
+    elevation: float  # deg; negative looks down
+
+
+SCENE_CAMERA = FreeCamera(lookat=(0.0, 0.7, 0.15), distance=1.15, azimuth=-70.0, elevation=-45.0)
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,6 @@ class _TaskWorld:
         import mujoco
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
 
-        self.mujoco = mujoco
         key = f"{spec.env_name}-goal-observable"
         if key not in ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE:
             raise ValueError(f"task {spec.name!r}: Meta-World has no {key!r}")
@@ -98,6 +109,8 @@ class _TaskWorld:
         model = env.model
         model.vis.quality.shadowsize = 0
         model.vis.quality.offsamples = 0
+        model.vis.global_.offheight = max(int(model.vis.global_.offheight), image_hw[0])
+        model.vis.global_.offwidth = max(int(model.vis.global_.offwidth), image_hw[1])
         goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "goal")
         if goal >= 0:
             if spec.goal_marker_m > 0:
@@ -110,10 +123,10 @@ class _TaskWorld:
         self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
         cam = mujoco.MjvCamera()
         cam.type = mujoco.mjtCamera.mjCAMERA_FREE
-        cam.lookat[:] = SCENE_CAMERA["lookat"]
-        cam.distance = SCENE_CAMERA["distance"]
-        cam.azimuth = SCENE_CAMERA["azimuth"]
-        cam.elevation = SCENE_CAMERA["elevation"]
+        cam.lookat[:] = SCENE_CAMERA.lookat
+        cam.distance = SCENE_CAMERA.distance
+        cam.azimuth = SCENE_CAMERA.azimuth
+        cam.elevation = SCENE_CAMERA.elevation
         self.cameras: dict[str, Any] = {"scene": cam, "wrist": "gripperPOV"}
 
     def close(self) -> None:
@@ -137,7 +150,7 @@ class SimEnv:
         self._offset = np.zeros(3)  # mocap minus hand at rest
         self._obs = np.zeros(39)
         self._success = False
-        atexit.register(self.close)  # renderers freed while EGL is still loaded
+        atexit.register(self.close)  # renderers freed while EGL is still loaded (close() unregisters)
 
     # episode ------------------------------------------------------------------------------------------------
     def reset(self, task: str, seed: int) -> None:

@@ -138,9 +138,9 @@ def checkpoint_settings(checkpoint: str | Path) -> dict:
 
 
 def checkpoint_tasks(checkpoint: str | Path) -> list[str]:
-    """The tasks a checkpoint was trained on, when its folder says so (train_info.json / dataset_tasks), else
-    every task."""
-    for name in ("train_info.json", "training.json"):
+    """The tasks a checkpoint was trained on, when its training record says so (edgefm_train.json "tasks":
+    task names or instruction texts), else every task."""
+    for name in ("edgefm_train.json", "train_info.json"):
         p = Path(checkpoint) / name
         if p.exists():
             try:

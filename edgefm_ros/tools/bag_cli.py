@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,53 +66,55 @@ def _make(a) -> int:
 
 def _play(a) -> int:
     import rclpy
+    from rclpy.signals import SignalHandlerOptions
 
+    from edgefm_ros.ros.spin import ShutdownRequest
     from edgefm_ros.tools.bag.play import Player, PlayConfig, parse_remap
 
     cfg = PlayConfig(a.bag, a.rate, a.loop, parse_remap(a.remap), tuple(a.topics), not a.no_restamp,
                      a.start_offset)
-    rclpy.init(args=_ros_args())
+    request = ShutdownRequest(rclpy.logging.get_logger("edgefm_bag_player"))  # Ctrl-C / SIGTERM: stop
+    rclpy.init(args=_ros_args(), signal_handler_options=SignalHandlerOptions.NO)
     node = rclpy.create_node("edgefm_bag_player")
-    stop = threading.Event()
     try:
         player = Player(node, cfg)
         print(f"playing {a.bag}: {player.duration_s:.1f}s at x{a.rate:g}{' (loop)' if a.loop else ''}")
-        if not stop.wait(a.delay):
-            player.play(stop)
+        if not request.event.wait(a.delay):
+            player.play(request.event)
         print(f"published {player.published} messages")
-    except KeyboardInterrupt:
-        stop.set()
     finally:
         node.destroy_node()
         rclpy.try_shutdown()
+        request.ignore_further()
     return 0
 
 
 def _record(a) -> int:
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.signals import SignalHandlerOptions
 
+    from edgefm_ros.ros.spin import ShutdownRequest
     from edgefm_ros.tools.bag.record import Recorder, RecordConfig
 
-    rclpy.init(args=_ros_args())
+    request = ShutdownRequest(rclpy.logging.get_logger("edgefm_bag_recorder"))  # Ctrl-C / SIGTERM: stop
+    rclpy.init(args=_ros_args(), signal_handler_options=SignalHandlerOptions.NO)
     node = rclpy.create_node("edgefm_bag_recorder")
     rec = Recorder(node, RecordConfig(a.out, tuple(a.topics), a.storage))
     ex = SingleThreadedExecutor()
     ex.add_node(node)
     print(f"recording to {a.out} ({'all topics' if not a.topics else ', '.join(a.topics)})", flush=True)
+    end = node.get_clock().now().nanoseconds + int(a.duration * 1e9) if a.duration > 0 else None
     try:
-        if a.duration > 0:
-            end = node.get_clock().now().nanoseconds + int(a.duration * 1e9)
-            while rclpy.ok() and node.get_clock().now().nanoseconds < end:
-                ex.spin_once(timeout_sec=0.1)
-        else:
-            ex.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
+        while rclpy.ok() and not request.requested() and (end is None or node.get_clock().now().nanoseconds < end):
+            ex.spin_once(timeout_sec=0.1)
+    except ExternalShutdownException:
         pass
     finally:
-        rec.close()
+        rec.close()  # the bag's metadata: written even when stopped by a signal
         node.destroy_node()
         rclpy.try_shutdown()
+        request.ignore_further()
     for topic, n in sorted(rec.counts.items()):
         print(f"  {topic}: {n}")
     return 0

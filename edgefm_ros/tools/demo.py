@@ -334,8 +334,8 @@ def check_args(args) -> None:
 @contextlib.contextmanager
 def cloud_tier(model: Model, out: Path, shadow: float):
     """The cloud server on loopback for the ``with`` block: yields (Cloud, token)."""
-    from edgefm_ros.cloud.serve import running
-    from edgefm_ros.cloud.serving import ServeConfig, free_port
+    from edgefm_ros.cloud.server.serve import running
+    from edgefm_ros.cloud.server.settings import ServeConfig, free_port
 
     # this run only (192 random bits, 32 characters); vla_node gets it through its environment
     token = secrets.token_urlsafe(24)

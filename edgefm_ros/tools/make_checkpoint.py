@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors.torch import save_file
@@ -40,7 +41,9 @@ ARCHS = {
 }
 
 
-def write_tokenizer(out: Path) -> int:
+def write_tokenizer(out: Path, extra_corpus: Sequence[str] = ()) -> int:
+    """A byte-level BPE trained on CORPUS (+ ``extra_corpus``, e.g. a dataset's instructions, so they
+    become few tokens). Returns the vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -49,7 +52,7 @@ def write_tokenizer(out: Path) -> int:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(CORPUS + list(extra_corpus) * 4, trainer)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<|im_end|>", "bos_token": "<|im_start|>",
@@ -57,10 +60,10 @@ def write_tokenizer(out: Path) -> int:
     return tok.get_vocab_size()
 
 
-def write_vlm_dir(vdir: Path, arch: dict) -> dict:
+def write_vlm_dir(vdir: Path, arch: dict, extra_corpus: Sequence[str] = ()) -> dict:
     """The backbone directory of ``arch``: config.json + tokenizer files. Returns the config dict."""
     vdir.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(vdir)
+    vocab = write_tokenizer(vdir, extra_corpus)
     vlm_dict = {"model_type": "smolvlm", "scale_factor": arch["scale_factor"], "vocab_size": vocab,
                 "vision_config": {**arch["vision"], "model_type": "smolvlm_vision"},
                 "text_config": {**arch["text"], "model_type": "llama", "vocab_size": vocab, "rms_norm_eps": 1e-5}}
@@ -68,22 +71,40 @@ def write_vlm_dir(vdir: Path, arch: dict) -> dict:
     return vlm_dict
 
 
-def write_processors(out: Path, stats: dict[str, dict[str, torch.Tensor]], eps: float = 1e-8) -> None:
+def write_processors(out: Path, stats: dict[str, dict[str, torch.Tensor]], eps: float = 1e-8,
+                     policy: dict | None = None) -> None:
     """policy_{pre,post}processor.json + their stats files, LeRobot's layout (MEAN_STD state/action).
 
-    ``stats``: feature key -> {"mean", "std", ... (min/max kept when given)} float32 tensors."""
+    ``stats``: feature key -> {"mean", "std", ... (min/max kept when given)} float32 tensors.
+    ``policy``: the checkpoint's config.json dict; given, the files hold LeRobot's whole SmolVLA pipeline
+    (rename, batch, newline, tokenizer, device, normalizer with its features) so LeRobot's
+    ``PolicyProcessorPipeline.from_pretrained`` loads them too; else only the (un)normalizer steps."""
     stats = {k: {n: v.float().contiguous() for n, v in s.items()} for k, s in stats.items()}
     flat = {f"{k}.{n}": v for k, s in stats.items() for n, v in s.items()}
-    save_file(flat, str(out / "policy_preprocessor_step_0_normalizer_processor.safetensors"))
-    save_file({k: v for k, v in flat.items() if k.startswith("action.")},
-              str(out / "policy_postprocessor_step_0_unnormalizer_processor.safetensors"))
     norm = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
-    (out / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": [
-        {"registry_name": "normalizer_processor", "config": {"eps": eps, "norm_map": norm},
-         "state_file": "policy_preprocessor_step_0_normalizer_processor.safetensors"}]}, indent=2))
-    (out / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor", "steps": [
-        {"registry_name": "unnormalizer_processor", "config": {"eps": eps, "norm_map": norm},
-         "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"}]}, indent=2))
+    pre_steps, norm_cfg, post_cfg = [], {"eps": eps, "norm_map": norm}, {"eps": eps, "norm_map": norm}
+    if policy is not None:
+        pre_steps = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+                     {"registry_name": "to_batch_processor", "config": {}},
+                     {"registry_name": "smolvla_new_line_processor", "config": {}},
+                     {"registry_name": "tokenizer_processor", "config": {
+                         "max_length": policy["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
+                         "padding": policy.get("pad_language_to", "longest"), "truncation": True,
+                         "tokenizer_name": policy["vlm_model_name"]}},
+                     {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]
+        norm_cfg = {"eps": eps, "features": {**policy["input_features"], **policy["output_features"]}, "norm_map": norm}
+        post_cfg = {"eps": eps, "features": dict(policy["output_features"]), "norm_map": norm}
+    pre_file = f"policy_preprocessor_step_{len(pre_steps)}_normalizer_processor.safetensors"
+    post_file = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
+    save_file(flat, str(out / pre_file))
+    save_file({k: v for k, v in flat.items() if k.startswith("action.")}, str(out / post_file))
+    post_steps = [{"registry_name": "unnormalizer_processor", "config": post_cfg, "state_file": post_file}]
+    if policy is not None:
+        post_steps.append({"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}})
+    (out / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": pre_steps + [
+        {"registry_name": "normalizer_processor", "config": norm_cfg, "state_file": pre_file}]}, indent=2))
+    (out / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor", "steps": post_steps},
+                                                              indent=2))
 
 
 def policy_config(arch: dict, vlm_name: str, cameras: list[str], raw_hw: tuple[int, int], dim: int) -> dict:

@@ -23,13 +23,13 @@ FOVY_DEG = 45.0  # MuJoCo's default free-camera field of view (Meta-World keeps 
 
 def project_scene(points: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     """World xyz (n, 3) -> pixel (n, 2) (u right, v down) in the simulator's "scene" camera of size hw."""
-    from edgefm_ros.sim.env import SCENE_CAMERA
+    from edgefm_ros.sim.env import SCENE_CAMERA as cam  # MuJoCo free camera: lookat, distance, azimuth, elevation
 
-    az, el = math.radians(SCENE_CAMERA["azimuth"]), math.radians(SCENE_CAMERA["elevation"])
+    az, el = math.radians(cam.azimuth), math.radians(cam.elevation)
     fwd = np.array([math.cos(el) * math.cos(az), math.cos(el) * math.sin(az), math.sin(el)])
     up = np.array([-math.sin(el) * math.cos(az), -math.sin(el) * math.sin(az), math.cos(el)])
     right = np.cross(fwd, up)
-    eye = np.asarray(SCENE_CAMERA["lookat"]) - SCENE_CAMERA["distance"] * fwd
+    eye = np.asarray(cam.lookat) - cam.distance * fwd
     d = np.asarray(points, dtype=np.float64).reshape(-1, 3) - eye
     z = np.maximum(d @ fwd, 1e-6)
     f = (hw[0] / 2) / math.tan(math.radians(FOVY_DEG) / 2)

@@ -67,8 +67,9 @@ def graph_params(checkpoint: str, episodes: Sequence[str], *, delay_ms: float = 
     p["vla_node"].update(checkpoint=str(checkpoint), vlm_dir=vlm_dir, inference_delay_ms=float(delay_ms))
     if aggregate:
         p["action_node"]["aggregate"] = aggregate
-    if os.geteuid() == 0:
+    if os.geteuid() == 0:  # the robot's side keeps real time on a busy machine (a warning where not granted)
         p["action_node"].setdefault("realtime_priority", 50)
+        p["sim_node"]["realtime_priority"] = p["sim_node"].get("realtime_priority") or 40
     return p
 
 

@@ -32,9 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgefm_ros.runtime.dispatch import OpResolver, Table, builtin_tables
+from edgefm_ros.runtime.dispatch import OpResolver
 from edgefm_ros.runtime.generate import LlmEngine, causal_mask, run_layers
 from edgefm_ros.runtime.kv_cache import StaticKVCache
+from edgefm_ros.runtime.modes import check_mode
+from edgefm_ros.runtime.resolver import build_resolver
 from edgefm_ros.runtime.speculative import DraftConfig, build_draft, draft_config_for, init_draft_weights
 
 _TASKS = ("Explain {} in two sentences.", "Write a short poem about {}.", "Give three facts about {}.",
@@ -125,7 +127,7 @@ def collect(engine: LlmEngine, prompts, new_tokens: int, taps, batch: int = 128,
     total = width + new_tokens
     eos = torch.tensor(engine.eos_ids or (pad,))
     gen = torch.Generator().manual_seed(seed)
-    t = engine.cfg.text
+    t = engine.model_config.text
     parts = []
     for b0 in range(0, len(rows), batch):
         t0 = time.perf_counter()
@@ -236,8 +238,7 @@ def draft_losses(draft, embed: torch.Tensor, data: DistillData, t2d: torch.Tenso
 
 def _draft_ops(engine: LlmEngine) -> OpResolver:
     """Reference kernels: they use the weights as given, so gradients reach the parameters (fused ones copy)."""
-    return OpResolver(Table.from_files(builtin_tables("reference")), engine.hardware.profile, "smollm2-draft",
-                      lambda role: "prefill")
+    return build_resolver("reference", engine.hardware.profile, "smollm2-draft", lambda role: "prefill")
 
 
 def train(engine: LlmEngine, data: DistillData, cfg: DraftConfig, d2t: torch.Tensor, steps: int = 500,
@@ -254,7 +255,7 @@ def train(engine: LlmEngine, data: DistillData, cfg: DraftConfig, d2t: torch.Ten
     if amp is None:
         amp = "bf16" in engine.hardware.profile or "amx" in engine.hardware.profile
     n_train = data.tokens.shape[0]
-    weights = init_draft_weights(cfg, engine.lm["decode"].embed, d2t, seed)
+    weights = init_draft_weights(cfg, engine.lm["decode"].token_embedding, d2t, seed)
     fixed = ("d2t", "head.weight") if freeze_head else ("d2t",)
     params = {k: nn.Parameter(v) for k, v in weights.items() if k not in fixed}
     draft = build_draft(cfg, {**weights, **params}, _draft_ops(engine))
@@ -265,7 +266,7 @@ def train(engine: LlmEngine, data: DistillData, cfg: DraftConfig, d2t: torch.Ten
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     gen = torch.Generator().manual_seed(seed)
-    embed = engine.lm["decode"].embed.detach().clone()
+    embed = engine.lm["decode"].token_embedding.detach().clone()
     best, best_loss, stats = None, float("inf"), {}
     t0 = time.perf_counter()
     for step in range(steps):
@@ -323,8 +324,7 @@ class Recipe:
                      "batch", "ttt_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.collect_mode not in ("exact", "fast", "reference"):
-            raise ValueError(f"collect_mode must be exact, fast or reference, got {self.collect_mode!r}")
+        check_mode(self.collect_mode, what="collect_mode")
         if not 0 < self.temperature:
             raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
         if not 0 < self.lr < 1:

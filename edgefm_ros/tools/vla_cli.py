@@ -6,8 +6,9 @@
   edgefm-vla plan    --checkpoint DIR [--vlm DIR] [--mode ...] [--table F.yaml ...]
   edgefm-vla make-checkpoint --out DIR [--arch tiny|full] [--seed N] [--cameras N]
   edgefm-vla tune    --checkpoint DIR [--vlm DIR] [--budget-s S] [--dry-run] [--out F.yaml]
-  edgefm-vla train   --dataset DIR --out CKPT [--arch tiny|small | --init CKPT] [--steps N] [--batch-size B]
-                     [--lr LR] [--seed N] [--threads N] [--chunk-size N] [--n-action-steps N] [--log FILE]
+  edgefm-vla train   --dataset DIR --out CKPT [--arch tiny|small | --init CKPT] [--tasks T1,T2] [--steps N]
+                     [--batch-size B] [--lr LR] [--seed N] [--threads N] [--chunk-size N] [--n-action-steps N]
+                     [--log FILE]
 
 Every command that loads a checkpoint takes --vision-position-ids {auto,legacy,fixed} (default auto).
 
@@ -25,6 +26,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from edgefm_ros.runtime.modes import MODES, TUNABLE
 
 
 def _engine(args):
@@ -44,7 +47,7 @@ def model_inputs(engine, g: dict, args):
     """(ModelInputs, noise) from an inputs file, through preprocessing when --from-raw."""
     from edgefm_ros.runtime.preprocess import ModelInputs
 
-    cfg = engine.cfg
+    cfg = engine.model_config
     if args.from_raw:
         frames = {k: g[f"raw.{k}"] for k in cfg.camera_keys if f"raw.{k}" in g}
         masks = {k: g[f"raw.{k}_padding_mask"] for k in cfg.camera_keys if f"raw.{k}_padding_mask" in g}
@@ -155,7 +158,7 @@ def parser() -> argparse.ArgumentParser:
     def engine_args(p, inputs: bool):
         p.add_argument("--checkpoint", required=True, help="LeRobot SmolVLA checkpoint directory")
         p.add_argument("--vlm", default=None, help="backbone dir (config.json + tokenizer); default: HF cache")
-        p.add_argument("--mode", default="exact", choices=("exact", "fast", "reference"))
+        p.add_argument("--mode", default="exact", choices=MODES)
         p.add_argument("--table", action="append", default=[], help="extra dispatch table (repeatable)")
         p.add_argument("--threads", type=int, default=None)
         vision_position_ids_arg(p)
@@ -186,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="search kernel implementations, write config/dispatch/<hw>.yaml")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--vlm", default=None)
-    p.add_argument("--mode", default="fast", choices=("exact", "fast"))
+    p.add_argument("--mode", default="fast", choices=TUNABLE)
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=600.0)
     p.add_argument("--dry-run", action="store_true")

@@ -19,6 +19,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--arch", default=None, choices=sorted(ARCHS), help="from scratch (default: tiny)")
     src.add_argument("--init", default=None, help="fine-tune this SmolVLA checkpoint instead")
+    p.add_argument("--tasks", default=None, help="comma-separated task names to train on (default: all)")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps)
     p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
     p.add_argument("--lr", type=float, default=DEFAULTS.lr, help="peak learning rate")
@@ -56,7 +57,8 @@ def run_train(args) -> int:
     try:
         demos = read_dataset(Path(args.dataset))
         result = train(demos, args.out, cfg, arch=None if args.init else (args.arch or "tiny"), init=args.init,
-                       log=log, meta={"dataset": str(args.dataset), "command": command})
+                       log=log, meta={"dataset": str(args.dataset), "command": command},
+                       tasks=[t for t in (args.tasks or "").split(",") if t] or None)
     finally:
         if log_file:
             log_file.close()

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -32,13 +32,13 @@ PROCESSOR_TOKENS = {"fake_image_token": "<fake_token_around_image>", "image_toke
                     "end_of_utterance_token": "<end_of_utterance>", "global_image_token": "<global-img>"}
 
 
-def write_backbone(vdir: Path, arch: dict) -> dict:
+def write_backbone(vdir: Path, arch: dict, instructions: Sequence[str] = ()) -> dict:
     """``vdir``: config.json + tokenizer (make_checkpoint's, plus the processor's special tokens) +
     processor configs, so both the Engine and LeRobot (AutoConfig/AutoProcessor) read it. Returns
     the config dict."""
     from tokenizers import AddedToken, Tokenizer
 
-    vlm_dict = write_vlm_dir(vdir, arch)
+    vlm_dict = write_vlm_dir(vdir, arch, instructions)  # the tokenizer learns the instructions' words
     tok = Tokenizer.from_file(str(vdir / "tokenizer.json"))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in PROCESSOR_TOKENS.values()])
     tok.save(str(vdir / "tokenizer.json"))
@@ -107,12 +107,11 @@ def stats_tensors(stats: Mapping[str, Mapping[str, np.ndarray]], keys=("observat
     return out
 
 
-def write_config(out: Path, config: dict, vlm_src: Path, stats: dict[str, dict[str, torch.Tensor]],
-                 extra: Mapping[str, object] | None = None) -> None:
+def write_config(out: Path, config: dict, vlm_src: Path, stats: dict[str, dict[str, torch.Tensor]]) -> None:
     """Everything but the weights: config.json, processors, vlm/ (copied from ``vlm_src`` if elsewhere)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**config, **(extra or {})}, indent=2))
-    write_processors(out, stats)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_processors(out, stats, policy=config)  # LeRobot's whole pipeline: its from_pretrained loads it
     if vlm_src.resolve() != (out / "vlm").resolve():
         shutil.copytree(vlm_src, out / "vlm", dirs_exist_ok=True)
 
@@ -124,3 +123,22 @@ def save_weights(out: Path, weights: Mapping[str, torch.Tensor], train_meta: Map
     save_file({k: v.float().contiguous() for k, v in weights.items()}, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / "model.safetensors")
     (out / TRAIN_RECORD).write_text(json.dumps(train_meta, indent=2, default=str))
+
+
+def write_readme(out: Path, meta: Mapping[str, object]) -> None:
+    """README.md of a trained checkpoint: what it is and how it was made (the run's record)."""
+    r = dict(meta.get("recipe", {}))
+    lines = [f"# SmolVLA trained by edgefm-vla train ({meta.get('arch') or 'fine-tuned from ' + str(meta.get('init'))})",
+             "", "Trained from demonstrations with LeRobot SmolVLA's flow-matching objective on the edgefm runtime's",
+             "own modules (edgefm_ros/training). LeRobot layout: the Engine and LeRobot 0.4.4 load it as is",
+             "(vision position ids: see edgefm_numerics.json).", "",
+             f"- command: `{meta.get('command', '(library call)')}`",
+             f"- dataset: {meta.get('dataset', '?')} ({meta.get('frames')} frames, {meta.get('episodes')} episodes)",
+             f"- tasks: {', '.join(map(str, meta.get('tasks', [])))}",
+             f"- parameters: {meta.get('parameters')}",
+             f"- steps: {meta.get('step')} x batch {r.get('batch_size')}, AdamW lr {r.get('lr')} (betas {r.get('betas')}, "
+             f"weight decay {r.get('weight_decay')}), warm-up {int(r.get('steps', 0) * r.get('warmup_fraction', 0))} "
+             f"steps then cosine to {r.get('decay_lr')}, grad clip {r.get('grad_clip_norm')}, seed {r.get('seed')}, "
+             f"{r.get('threads')} threads",
+             f"- training time: {float(meta.get('train_seconds', 0)) / 60:.1f} min; final loss {meta.get('loss')}", ""]
+    (out / "README.md").write_text("\n".join(lines))

@@ -48,10 +48,13 @@ class ParamSource:
 
 
 def training_resolver() -> OpResolver:
-    """Reference ops everywhere, SDPA attention (autograd-friendly, faster backward than eager)."""
+    """Reference ops (they use the weights as given, so autograd reaches them), with fewer autograd nodes
+    where an autograd-safe implementation exists: SDPA attention, torch's fused RMSNorm/LayerNorm."""
     records = [r for t in builtin_tables("reference") for r in load_table(t)]
     records += [Record(impl_id="sdpa", op_kind="attention", source="training"),
-                Record(impl_id="sdpa", op_kind="attention", layer_role="vision_attn", source="training")]
+                Record(impl_id="sdpa", op_kind="attention", layer_role="vision_attn", source="training"),
+                Record(impl_id="fast", op_kind="rms_norm", source="training"),
+                Record(impl_id="fast", op_kind="layer_norm", source="training")]
     return OpResolver(Table(records), "cpu", "smolvla", lambda role: "prefill")
 
 

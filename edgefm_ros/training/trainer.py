@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ def _setup(demos: Demos, out: Path, cfg: TrainConfig, arch: str | None, init: st
     if n_exec > chunk:
         raise ValueError(f"n_action_steps {n_exec} exceeds chunk_size {chunk}")
     out.mkdir(parents=True, exist_ok=True)
-    vlm_dict = export.write_backbone(out / "vlm", a)
+    vlm_dict = export.write_backbone(out / "vlm", a, list(demos.tasks))
     config = export.new_policy_config(a, cams, state_dim, action_dim, chunk, n_exec)
     export.write_config(out, config, out / "vlm", export.stats_tensors(demos.stats))
     weights = export.initial_weights(SmolVLAConfig.from_dict(config), VlmConfig.from_dict(vlm_dict), cfg.seed)
@@ -94,7 +94,9 @@ def _setup(demos: Demos, out: Path, cfg: TrainConfig, arch: str | None, init: st
 
 
 def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "tiny", init: str | Path | None = None,
-          log: Callable[[str], None] = print, meta: dict | None = None) -> TrainResult:
+          log: Callable[[str], None] = print, meta: dict | None = None, tasks: Sequence[str] | None = None
+          ) -> TrainResult:
+    """``tasks``: train on these tasks' episodes only (the dataset's per-episode task names; default all)."""
     out = Path(out)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -109,6 +111,12 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     episodes = sorted(int(e) for e in np.unique(demos.episode_index) if success.get(int(e), True))
     if len(episodes) < len(np.unique(demos.episode_index)):
         log(f"train: {len(np.unique(demos.episode_index)) - len(episodes)} failed episode(s) left out")
+    names = getattr(demos, "episode_task", None) or {}
+    if tasks:
+        unknown = sorted(set(tasks) - set(names.values()))
+        if unknown:
+            raise ValueError(f"task(s) {unknown} not in the dataset (its tasks: {sorted(set(names.values()))})")
+        episodes = [e for e in episodes if names.get(e) in set(tasks)]
     batcher = ChunkBatcher(demos, pcfg.camera_keys, pcfg.chunk_size, pcfg.max_action_dim, pre, episodes)
     model = TrainableSmolVLA(pcfg, ck.vlm, weights, cfg.vision_position_ids)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -116,15 +124,20 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
     gen = torch.Generator().manual_seed(cfg.seed)
-    log(f"train: {batcher.size} frames, {len(episodes)} episodes, {len(demos.tasks)} tasks; "
+    trained = sorted(set(names[e] for e in episodes if e in names)) or list(demos.tasks)
+    log(f"train: {batcher.size} frames, {len(episodes)} episodes, {len(trained)} tasks; "
         f"{n_params / 1e6:.2f} M parameters; chunk {pcfg.chunk_size}, batch {cfg.batch_size}, {cfg.steps} steps, "
         f"lr {cfg.lr:g} (warm-up {cfg.warmup_steps}), threads {cfg.threads}, seed {cfg.seed}")
     info = {"recipe": cfg.as_dict(), "arch": arch if init is None else None, "init": str(init) if init else None,
-            "parameters": n_params, "frames": batcher.size, **(meta or {})}
+            "parameters": n_params, "frames": batcher.size, "episodes": len(episodes),
+            # the tasks trained on (the sim's eval reads this): task names when the dataset has them, else texts
+            "tasks": trained,
+            **(meta or {})}
 
     def save(step: int, loss: float, seconds: float) -> None:
-        export.save_weights(out, model.state_dict_lerobot(), {**info, "step": step, "loss": loss,
-                                                              "train_seconds": round(seconds, 1)})
+        record = {**info, "step": step, "loss": round(loss, 5), "train_seconds": round(seconds, 1)}
+        export.save_weights(out, model.state_dict_lerobot(), record)
+        export.write_readme(out, record)
 
     t0 = time.perf_counter()
     window, first, last = [], math.nan, math.nan

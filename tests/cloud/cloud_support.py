@@ -27,7 +27,7 @@ def need_server_deps() -> None:
 
 
 def free_port() -> int:
-    from edgefm_ros.cloud.serving import free_port as fp
+    from edgefm_ros.cloud.server.settings import free_port as fp
 
     return fp()
 

@@ -12,7 +12,7 @@ import pytest
 
 from edgefm_ros.cloud import (BreakerConfig, CircuitBreaker, ClientConfig, CloudDeadlineExceeded, CloudPolicy,
                               CloudRejected, CloudUnavailable, Encoding)
-from edgefm_ros.cloud.protocol import encode_response
+from edgefm_ros.cloud.tasks.vla import encode_response
 from edgefm_ros.types import ActionChunk, Observation
 
 SLACK_S = 0.2  # scheduling slack on a shared 2-core machine; the scripted delays are 1 s and more

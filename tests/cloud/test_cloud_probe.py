@@ -29,7 +29,7 @@ ROUTER_YAML = REPO / "config" / "router.yaml"
 @pytest.fixture(scope="module")
 def front():
     """nginx from the serve template with a bearer token (its model-server upstream is not running)."""
-    from edgefm_ros.cloud.serving import ServeConfig, find_config_dir, render_nginx
+    from edgefm_ros.cloud.server.settings import ServeConfig, find_config_dir, render_nginx
 
     nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
     if not nginx:

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
+from edgefm_ros.cloud.core.protocol import ProtocolError, Tensor
 from edgefm_ros.cloud.images import Encoding, ImageError, decode_image, encode_image, jpeg_size
-from edgefm_ros.cloud.protocol import (ProtocolError, RequestLimits, Tensor, decode_request, decode_response,
-                                       encode_request, encode_response)
+from edgefm_ros.cloud.tasks.vla import VlaLimits, decode_request, decode_response, encode_request, encode_response
 from edgefm_ros.types import Observation
 
 CAMS = ("observation.images.top", "observation.images.wrist")
-LIMITS = RequestLimits(camera_keys=CAMS, state_dim=6, noise_shape=(8, 32), max_side=512, max_image_bytes=1 << 20)
+LIMITS = VlaLimits(camera_keys=CAMS, state_dim=6, noise_shape=(8, 32), max_side=512, max_image_bytes=1 << 20)
 
 
 def _obs(rng, h=40, w=56, cams=CAMS, **kw) -> Observation:
@@ -28,7 +28,7 @@ def _tensors(req: dict) -> list[Tensor]:
     return [Tensor(i["name"], i["datatype"], i["shape"], i.get("parameters", {}), i["data"]) for i in req["inputs"]]
 
 
-def _decode(req: dict, limits: RequestLimits = LIMITS):
+def _decode(req: dict, limits: VlaLimits = LIMITS):
     return decode_request(req["id"], req["parameters"], _tensors(req), limits)
 
 
@@ -113,7 +113,19 @@ BAD = {
     "'noise' must have shape": lambda r: r["inputs"].append({"name": "noise", "datatype": "FP32", "shape": [8, 6],
                                                              "data": [0.0] * 48}),
     "parameter 'missing'": lambda r: r["parameters"].update(missing=["observation.images.nope"]),
-    "dt > 0": lambda r: r["parameters"].update(dt=0),
+    "parameter 'dt' must be a finite number in [1e-06": lambda r: r["parameters"].update(dt=0),
+    # numbers are JSON numbers: no NaN, no strings, no bools; integers are not truncated from floats
+    "parameter 'deadline_s' must be a finite number in [0, 1e+06], got nan":
+        lambda r: r["parameters"].update(deadline_s=float("nan")),
+    "parameter 'deadline_s' must be a finite number in [0, 1e+06], got -0.5":
+        lambda r: r["parameters"].update(deadline_s=-0.5),
+    "parameter 'deadline_s' must be a finite number in [0, 1e+06], got '0.5'":
+        lambda r: r["parameters"].update(deadline_s="0.5"),
+    "parameter 'seq' must be an integer in [0, 9.22337e+18], got 2.5": lambda r: r["parameters"].update(seq=2.5),
+    "parameter 'seq' must be an integer in [0, 9.22337e+18], got 3.0": lambda r: r["parameters"].update(seq=3.0),
+    "parameter 'seq' must be an integer in [0, 9.22337e+18], got True": lambda r: r["parameters"].update(seq=True),
+    "parameter 'seq' must be an integer in [0, 9.22337e+18], got -1": lambda r: r["parameters"].update(seq=-1),
+    "parameter 'stamp' must be a finite number": lambda r: r["parameters"].update(stamp="12.5"),
 }
 
 
@@ -125,7 +137,7 @@ def test_malformed_requests_are_refused_with_the_reason(rng, message):
 
 
 def test_size_limits_are_413_and_checked_before_decoding(rng):
-    limits = RequestLimits(camera_keys=CAMS, state_dim=6, noise_shape=(8, 32), max_side=4096, max_image_bytes=10_000)
+    limits = VlaLimits(camera_keys=CAMS, state_dim=6, noise_shape=(8, 32), max_side=4096, max_image_bytes=10_000)
     with pytest.raises(ProtocolError) as e:
         _decode(encode_request(_obs(rng, 100, 100), Encoding(), request_id="big", dt=0.1), limits)
     assert e.value.status == 413 and "over" in str(e.value)

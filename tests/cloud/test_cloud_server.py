@@ -22,7 +22,8 @@ from cloud_support import TOKEN, ServerProcess, free_port, need_server_deps, ran
 from edgefm_ros.cloud import (BreakerConfig, ClientConfig, CloudDeadlineExceeded, CloudPolicy, CloudRejected,
                               CloudUnavailable, Encoding)
 from edgefm_ros.cloud.images import decode_image, encode_image
-from edgefm_ros.cloud.protocol import encode_request, request_body
+from edgefm_ros.cloud.core.protocol import request_body
+from edgefm_ros.cloud.tasks.vla import encode_request
 
 SLACK_S = 0.2  # scheduling slack on a shared 2-core machine (the injected delays are 0.8 s and more)
 MAX_BODY_MB = 1
@@ -237,12 +238,57 @@ def test_oversize_and_malformed_refused_before_the_model(server, local_engine, r
         "noise shape": (variant(lambda r: r["inputs"].append({"name": "noise", "datatype": "FP32", "shape": [2, 2],
                                                               "data": [0.1] * 4})), 400, "'noise'"),
         "bad missing": (variant(lambda r: r["parameters"].update(missing=["observation.images.zzz"])), 400, "missing"),
+        "seq float": (variant(lambda r: r["parameters"].update(seq=2.5)), 400, "parameter 'seq'"),
+        "seq bool": (variant(lambda r: r["parameters"].update(seq=True)), 400, "parameter 'seq'"),
+        "deadline text": (variant(lambda r: r["parameters"].update(deadline_s="soon")), 400, "parameter 'deadline_s'"),
+        "deadline negative": (variant(lambda r: r["parameters"].update(deadline_s=-1)), 400, "parameter 'deadline_s'"),
     }
     for name, (body, status, text) in cases.items():
         got, err, _ = post(server, INFER, body)
         assert got == status or (status == 400 and 400 <= got < 500), (name, got, err)
         assert text in json.dumps(err), (name, err)
     assert _runs(server, local_engine, rng) == before + 1  # none of them ran the model
+
+
+def test_tritonclient_infers_from_the_metadata_alone(server, local_engine, rng):
+    """The KServe ecosystem's own client, as a new user would use it: tensor names, datatypes, shapes and
+    the image convention come from GET /v2/models/smolvla; the chunk is the local engine's, bit for bit."""
+    import cv2
+    import tritonclient.http as triton
+
+    spec, headers = local_engine.spec, {"Authorization": f"Bearer {TOKEN}"}
+    with triton.InferenceServerClient(f"127.0.0.1:{server.port}", ssl=True,
+                                      ssl_options={"ca_certs": server.cert}) as tc:
+        assert tc.is_model_ready("smolvla", headers=headers)
+        meta = tc.get_model_metadata("smolvla", headers=headers)
+        inputs = {t["name"]: t for t in meta["inputs"]}
+        assert set(inputs) == {"state", "task", "noise", *spec.camera_keys}
+        assert (inputs["state"]["datatype"], inputs["state"]["shape"]) == ("FP32", [spec.state_dim])
+        assert (inputs["noise"]["datatype"], inputs["noise"]["shape"]) == ("FP32", [spec.chunk_size,
+                                                                                    spec.max_action_dim])
+        for k in spec.camera_keys:
+            assert (inputs[k]["datatype"], inputs[k]["shape"]) == ("BYTES", [1])
+            assert {"image_encoding", "image_dtype", "image_shape"} <= set(inputs[k]["parameters"])
+            assert "base64" in inputs[k]["parameters"]["data"]
+        (out,) = meta["outputs"]
+        assert (out["name"], out["datatype"], out["shape"]) == ("actions", "FP32", [spec.chunk_size, spec.action_dim])
+        assert {"seq", "dt", "deadline_s", "missing", "image_encoding"} <= set(meta["parameters"])
+
+        obs, noise = random_observation(spec, rng), random_noise(spec, rng)
+        jpegs = {k: cv2.imencode(".jpg", np.ascontiguousarray(v[:, :, ::-1]))[1].tobytes()  # RGB -> BGR
+                 for k, v in obs.images.items()}
+        arrays = {"state": obs.state, "task": np.array([obs.task.encode()], dtype=object), "noise": noise,
+                  **{k: np.array([base64.b64encode(b)], dtype=object) for k, b in jpegs.items()}}
+        req = []
+        for name, a in arrays.items():  # one InferInput per declared tensor, as the metadata says
+            req.append(triton.InferInput(name, list(a.shape), inputs[name]["datatype"]))
+            req[-1].set_data_from_numpy(a, binary_data=False)
+        res = tc.infer("smolvla", req, outputs=[triton.InferRequestedOutput("actions", binary_data=False)],
+                       headers=headers, parameters={"image_encoding": "jpeg", "seq": 11, "dt": 0.05})
+    seen = {k: decode_image(b, {"image_encoding": "jpeg"}, 4096) for k, b in jpegs.items()}
+    local = local_engine.predict(type(obs)(seen, obs.state, obs.task, obs.stamp), noise=noise, dt=0.05, seq=11)
+    np.testing.assert_array_equal(res.as_numpy("actions"), local.actions)
+    assert res.get_response()["parameters"]["seq"] == 11
 
 
 def test_slow_server_deadline_fallback(server, local_engine, rng):

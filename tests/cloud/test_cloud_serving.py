@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from edgefm_ros.cloud.cli import _parser, config_from_args
-from edgefm_ros.cloud.serving import RuntimeConfig, ServeConfig, find_config_dir, render_nginx, write_run_dir
+from edgefm_ros.cloud.server.settings import ServeConfig, find_config_dir, render_nginx, write_run_dir
+from edgefm_ros.cloud.tasks.vla import VlaRuntimeConfig
 
 TOKEN = "abcdefghijklmnop-0123456789"
 
@@ -65,15 +66,15 @@ def test_run_dir_files(tmp_path):
     assert (settings["host"], settings["http_port"], settings["grpc_port"]) == ("127.0.0.1", 9200, 9300)
     assert settings["parallel_workers"] == 0 and settings["metrics_endpoint"] is None
     model = json.loads((tmp_path / "smolvla" / "model-settings.json").read_text())
-    assert model["implementation"] == "edgefm_ros.cloud.runtime.EdgeFMRuntime"
-    rc = RuntimeConfig.from_extra(model["parameters"]["extra"])  # the runtime accepts what serve writes
+    assert model["implementation"] == "edgefm_ros.cloud.server.runtime.VlaRuntime"
+    rc = VlaRuntimeConfig.from_extra(model["parameters"]["extra"])  # the runtime accepts what serve writes
     assert (rc.mode, rc.threads, rc.checkpoint) == ("fast", 2, str(tmp_path.resolve()))
     assert conf.stat().st_mode & 0o077 == 0  # holds the token: owner only
     text = conf.read_text()
     assert f'"Bearer {TOKEN}" 1;' in text and "default 0;" in text and "127.0.0.1:9200" in text
     assert "ssl_certificate" not in text and "grpc_pass" not in text
     with pytest.raises(ValueError, match="unknown keys"):
-        RuntimeConfig.from_extra({"checkpoint": "x", "modee": "fast"})
+        VlaRuntimeConfig.from_extra({"checkpoint": "x", "modee": "fast"})
     assert find_config_dir() == find_config_dir(str(find_config_dir()))
 
 

@@ -6,6 +6,8 @@ import torch
 
 from edgefm_ros.runtime import graphs
 
+from skips import gpu_mark, no_gpu_mark
+
 
 @dataclasses.dataclass
 class Box:
@@ -27,13 +29,13 @@ def test_flatten_roundtrip_keeps_structure_and_constants(gen):
     assert not graphs.same_structure(spec, spec2)  # a different constant means another graph
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@no_gpu_mark("checks the refusal on a machine without CUDA")
 def test_capture_refuses_without_cuda():
     with pytest.raises(ValueError, match="CUDA"):
         graphs.CapturedPhase(lambda x: x * 2, (torch.ones(3),))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@gpu_mark("CUDA graphs need a CUDA device")
 def test_captured_phase_replays_new_inputs():
     def fn(box, noise):
         x = noise

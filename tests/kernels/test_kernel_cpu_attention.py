@@ -6,9 +6,9 @@ from edgefm_kernels import cpu_attention
 from edgefm_kernels.attention import EagerAttention
 
 from kernel_helpers import spec, variants
+from skips import native_mark, require_native
 
-REASON = cpu_attention.unavailable()
-needs_kernel = pytest.mark.skipif(REASON is not None, reason=f"AVX-512 attention not available here: {REASON}")
+needs_kernel = native_mark(cpu_attention.NAME)  # allowed skip only on a CPU without AVX-512
 FP32 = 1e-5  # max |out - ref| / max |ref|; measured ~1e-6 at 1024 keys
 
 
@@ -82,10 +82,8 @@ def test_bad_operands_are_named(gen):
 
 
 def test_impl_serves_any_head_size_on_avx512_cpus_only():
-    impl = next((i for i, _ in variants("attention", heads=2, kv_heads=2, head_dim=64) if i.impl_id == "avx512"),
-                None)
-    if impl is None:
-        pytest.skip(f"AVX-512 attention not available here: {REASON}")
+    require_native(cpu_attention.NAME)
+    impl = next(i for i, _ in variants("attention", heads=2, kv_heads=2, head_dim=64) if i.impl_id == "avx512")
     assert impl.rejects(spec("attention", heads=2, kv_heads=2, head_dim=72), {}) is None
     assert "multiple" in impl.rejects(spec("attention", heads=5, kv_heads=2, head_dim=64), {})
     assert impl.rejects(spec("attention", hw="cpu_x86_avx2", heads=2, kv_heads=2, head_dim=64), {})

@@ -7,6 +7,7 @@ from edgefm_kernels import cuda_linear, flashinfer_ops
 from edgefm_kernels.registry import get_impl
 
 from kernel_helpers import rel_err, reference, spec
+from skips import gpu_mark, require_material, skip_hardware
 
 CUDA = torch.cuda.is_available()
 
@@ -41,10 +42,11 @@ def test_flashinfer_reports_why_it_cannot_run():
     assert "head_dim" in impl.rejects(spec("attention", hw="cuda_sm90", heads=4, kv_heads=2, head_dim=48), {})
 
 
-@pytest.mark.skipif(not CUDA or flashinfer_ops.available() is not None,
-                    reason=f"FlashInfer needs a CUDA device and the flashinfer package ({flashinfer_ops.available()})")
+@gpu_mark("FlashInfer needs a CUDA device")
 @pytest.mark.parametrize("lq,lk,masked", [(211, 211, True), (50, 261, True), (1, 211, False), (64, 64, False)])
 def test_flashinfer_matches_eager(lq, lk, masked, gen):
+    why = flashinfer_ops.available()
+    require_material(why is None, f"FlashInfer unavailable on this GPU machine: {why}")
     q = torch.randn(1, 15, lq, 64, generator=gen).cuda()
     k, v = (torch.randn(1, 5, lk, 64, generator=gen).cuda() for _ in range(2))
     mask = None
@@ -59,10 +61,10 @@ def test_flashinfer_matches_eager(lq, lk, masked, gen):
     assert out.shape == q.shape and rel_err(out.float(), ref) <= 3e-2
 
 
-@pytest.mark.skipif(not CUDA, reason="fp8 GEMMs need a CUDA device")
+@gpu_mark("fp8 GEMMs need a CUDA device")
 def test_fp8_linear_matches_reference(gen):
     if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("fp8 tensor cores need sm89+")
+        skip_hardware("no-gpu", "fp8 tensor cores need sm89+")
     w = [(torch.randn(256, 128, generator=gen) / 11, torch.randn(256, generator=gen)), (torch.randn(64, 128, generator=gen) / 11, None)]
     x = torch.randn(50, 128, generator=gen)
     ref = reference("linear").build(spec("linear"), {}, weights=w)(x)

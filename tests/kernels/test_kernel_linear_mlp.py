@@ -1,8 +1,11 @@
-"""Every linear / MLP implementation against the reference on fresh random inputs, fp32 and bf16 activations."""
+"""Every linear / MLP implementation against the reference on fresh random inputs, fp32 and bf16 activations;
+the reference itself against float64 math written out here."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kernel_helpers import bound, reference, rel_err, spec, variants, vid
+from skips import require_impl_here
 
 GROUPS = {  # name -> (in, [(out, has_bias)])
     "qkv_bias": (64, [(64, True), (32, True), (32, True)]),
@@ -12,6 +15,9 @@ GROUPS = {  # name -> (in, [(out, has_bias)])
 }
 LINEARS = variants("linear", **{"in": 64})
 MLPS = variants("mlp", hidden=48, inner=160)
+# the implementations compared with the reference (the reference is checked against float64 below)
+LINEAR_IMPLS = [v for v in LINEARS if not v[0].reference]
+MLP_IMPLS = [v for v in MLPS if not v[0].reference]
 
 
 def _weights(gen, d_in, outs):
@@ -19,16 +25,26 @@ def _weights(gen, d_in, outs):
             for o, b in outs]
 
 
-@pytest.mark.parametrize("variant", LINEARS, ids=vid)
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_reference_linear_is_float64_math(group, gen):
+    d_in, outs = GROUPS[group]
+    weights = _weights(gen, d_in, outs)
+    x = torch.randn(2, 37, d_in, generator=gen)
+    out = reference("linear").build(spec("linear"), {}, weights=weights)(x)
+    out = out if isinstance(out, tuple) else (out,)
+    assert len(out) == len(outs)
+    for o, (w, b) in zip(out, weights):
+        want = x.double() @ w.double().T + (b.double() if b is not None else 0.0)
+        assert o.dtype == torch.float32 and rel_err(o, want) <= 1e-6
+
+
+@pytest.mark.parametrize("variant", LINEAR_IMPLS, ids=vid)
 @pytest.mark.parametrize("group", sorted(GROUPS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_linear_matches_reference(variant, group, dtype, gen):
     impl, params = variant
-    if impl.reference and dtype != torch.float32:
-        pytest.skip("the reference takes fp32 activations")
     d_in, outs = GROUPS[group]
-    if impl.rejects(spec("linear", **{"in": d_in}), params):
-        pytest.skip(impl.rejects(spec("linear", **{"in": d_in}), params))
+    require_impl_here(impl, spec("linear", **{"in": d_in}), params)
     weights = _weights(gen, d_in, outs)
     x = torch.randn(2, 37, d_in, generator=gen).to(dtype)
     ref = reference("linear").build(spec("linear"), {}, weights=weights)(x.float())
@@ -74,13 +90,27 @@ def _mlp_weights(gen, act, h, i):
             "fc2": (torch.randn(h, i, generator=gen) / i ** 0.5, torch.randn(h, generator=gen))}
 
 
-@pytest.mark.parametrize("variant", MLPS, ids=vid)
+@pytest.mark.parametrize("act", ["silu_gated", "gelu_tanh"])
+def test_reference_mlp_is_float64_math(act, gen):
+    w = _mlp_weights(gen, act, 48, 160)
+    x = torch.randn(1, 50, 48, generator=gen)
+    out = reference("mlp").build(spec("mlp"), {}, weights=w, act=act)(x)
+    d = {k: (tuple(t.double() if t is not None else None for t in v) if isinstance(v, tuple) else v.double())
+         for k, v in w.items()}
+    xd = x.double()
+    if act == "silu_gated":
+        want = (F.silu(xd @ d["gate"].T) * (xd @ d["up"].T)) @ d["down"].T
+    else:
+        h = xd @ d["fc1"][0].T + d["fc1"][1]
+        want = F.gelu(h, approximate="tanh") @ d["fc2"][0].T + d["fc2"][1]
+    assert out.shape == x.shape and rel_err(out, want) <= 1e-6
+
+
+@pytest.mark.parametrize("variant", MLP_IMPLS, ids=vid)
 @pytest.mark.parametrize("act", ["silu_gated", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_mlp_matches_reference(variant, act, dtype, gen):
     impl, params = variant
-    if impl.reference and dtype != torch.float32:
-        pytest.skip("the reference takes fp32 activations")
     w = _mlp_weights(gen, act, 48, 160)
     x = torch.randn(1, 50, 48, generator=gen).to(dtype)
     ref = reference("mlp").build(spec("mlp"), {}, weights=w, act=act)(x.float())

@@ -8,6 +8,7 @@ from edgefm_kernels import gemm, pages, quant
 from edgefm_kernels.registry import get_impl
 
 from kernel_helpers import bound, reference, rel_err, spec, variants, vid
+from skips import require_impl_here, require_material
 
 
 @pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
@@ -35,8 +36,7 @@ def test_norms(kind, dtype, gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_rope_avx512_is_the_reference_on_strided_slices(dtype, gen):
     impl = get_impl("rope", "avx512")
-    if impl.rejects(spec("rope"), {}):
-        pytest.skip(impl.rejects(spec("rope"), {}))
+    require_impl_here(impl, spec("rope"))
     ref, fast = get_impl("rope", "ref").build(spec("rope"), {}), impl.build(spec("rope"), {})
     pos = torch.randint(0, 500, (2, 23), generator=gen)
     qkv = torch.randn(2, 23, 7 * 40, generator=gen)  # a fused q/k/v output: q and k are strided views
@@ -146,8 +146,7 @@ def test_trim_heap_returns_freed_memory(repo_root):
     import subprocess
     import sys
 
-    if not hasattr(pages._libc(), "malloc_trim"):
-        pytest.skip("the C library has no malloc_trim (not glibc)")
+    require_material(hasattr(pages._libc(), "malloc_trim"), "the C library has no malloc_trim (not glibc)")
     out = subprocess.run([sys.executable, "-c", TRIM_SCRIPT], capture_output=True, text=True, check=True,
                          cwd=repo_root).stdout.split()
     dropped_mb, released = float(out[0]), out[1] == "True"
@@ -186,8 +185,7 @@ def test_packed_layouts_evict_the_least_recently_used(gen):
 def test_rms_norm_avx512_any_width(h, gen):
     """Widths around the 16-lane vector (masked tails) and a bad weight named in the error."""
     impl = get_impl("rms_norm", "avx512")
-    if impl.rejects(spec("rms_norm"), {}):
-        pytest.skip(impl.rejects(spec("rms_norm"), {}))
+    require_impl_here(impl, spec("rms_norm"))
     weight = 1 + 0.1 * torch.randn(h, generator=gen)
     x = torch.randn(3, 11, h, generator=gen) * 2
     ref = reference("rms_norm").build(spec("rms_norm"), {}, weight=weight, eps=1e-6)(x)

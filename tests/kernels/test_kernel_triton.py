@@ -13,7 +13,9 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.9.0 to run these)")
+from skips import require_material, require_module  # noqa: E402
+
+require_module("triton", "triton is not installed (requirements.txt pins triton==3.9.0)")
 
 from edgefm_kernels.registry import get_impl  # noqa: E402
 
@@ -22,8 +24,8 @@ from kernel_helpers import rel_err, spec  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def interpreter():
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("no GPU and TRITON_INTERPRET was switched off before triton was imported")
+    require_material(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                     "no GPU and TRITON_INTERPRET was switched off before triton was imported")
 
 
 def dev():

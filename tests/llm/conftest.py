@@ -74,10 +74,12 @@ def engine(tied_llama):
 def smollm2_gguf():
     from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
 
+    from skips import require_material
+
     try:
         return smollm2_gguf_path()
     except FileNotFoundError as e:
-        pytest.skip(f"real SmolLM2-135M weights unavailable: {e}")
+        require_material(False, f"real SmolLM2-135M weights unavailable: {e}")
 
 
 @pytest.fixture(scope="session")

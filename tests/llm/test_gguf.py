@@ -45,7 +45,7 @@ def real(smollm2_gguf):
 
 def test_real_smollm2_matches_transformers(real):
     engine, hf, tok = real
-    assert engine.cfg.rope_theta == 100000.0 and engine.cfg.tie_embeddings and engine.cfg.text.layers == 30
+    assert engine.model_config.rope_theta == 100000.0 and engine.model_config.tie_embeddings and engine.model_config.text.layers == 30
     msgs = [{"role": "user", "content": "Name two planets and the number 2024."}]
     assert engine.tokenizer.render(msgs) == tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     ids = engine.encode(msgs)

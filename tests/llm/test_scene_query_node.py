@@ -4,9 +4,11 @@ import time
 import numpy as np
 import pytest
 
+from skips import require_module
+
 
 def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id, spin_in_background):
-    rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
+    rclpy = require_module("rclpy", "rclpy (ROS 2 Jazzy wheels) is not installed")
     from rclpy.context import Context
     from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
@@ -67,7 +69,7 @@ def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id, spin_in
 def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_vlm, tmp_path, stream):
     """A cloud decision: no client -> edge-fallback; a dead endpoint -> connection, then the breaker opens
     and the next question is not even sent; every answer is the edge's own (cloud_stream on and off)."""
-    pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
+    require_module("rclpy", "rclpy (ROS 2 Jazzy wheels) is not installed")
     import sys
     from pathlib import Path
 
@@ -75,8 +77,9 @@ def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_v
     from vqa_support import QUESTIONS, write_router_yaml
 
     from edgefm_ros.cloud import BreakerConfig
-    from edgefm_ros.cloud.serving import free_port
-    from edgefm_ros.cloud.vqa_client import VqaClient, VqaClientConfig
+    from edgefm_ros.cloud.client.base import ClientConfig
+    from edgefm_ros.cloud.client.vqa import VqaClient
+    from edgefm_ros.cloud.server.settings import free_port
     from edgefm_ros.nodes.scene_query_node import PARAMS, SceneAnswerer, make_config
     from edgefm_ros.ros.params import validate
     from edgefm_ros.routing.policy import Router
@@ -93,7 +96,7 @@ def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_v
     a = SceneAnswerer(engine, cfg, router).answer(q, frames, lambda t: None)
     assert (a.source, a.target, a.reason, a.fallback) == ("edge-fallback", "cloud", "cloud_gain", "no cloud_url")
     assert a.text == edge.text and a.cloud_s < 0.1
-    dead = VqaClient(f"http://127.0.0.1:{free_port()}", config=VqaClientConfig(breaker=BreakerConfig(failures=1)),
+    dead = VqaClient(f"http://127.0.0.1:{free_port()}", config=ClientConfig.for_task("vqa", breaker=BreakerConfig(failures=1)),
                      link=router.link)
     answerer = SceneAnswerer(engine, cfg, router, dead)
     partials = []

@@ -22,7 +22,7 @@ def real(smollm2_gguf):
     else:  # an untrained draft: rejections everywhere, the output must still be plain greedy
         cfg = draft_config_for(engine, 1024, inner=256)
         d2t = torch.randperm(cfg.target_vocab)[:1024]
-        draft = build_draft(cfg, init_draft_weights(cfg, engine.lm["decode"].embed, d2t), draft_ops(engine))
+        draft = build_draft(cfg, init_draft_weights(cfg, engine.lm["decode"].token_embedding, d2t), draft_ops(engine))
     return engine, draft
 
 

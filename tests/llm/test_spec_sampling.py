@@ -1,8 +1,10 @@
 """Speculative sampling keeps the target distribution: the accept / resample step on small explicit p / q
 (fresh each run), many draws, a 5-sigma bound per token; wrong rules are shown to break the same bound."""
+import math
+
 import torch
 
-from edgefm_ros.runtime.generate import SamplingConfig, sampling_probs
+from edgefm_ros.runtime.generate import SamplingConfig
 from edgefm_ros.runtime.speculative import accept_among, residual, target_dist
 
 N = 300_000
@@ -106,14 +108,33 @@ def test_greedy_is_the_zero_temperature_case():
             assert int(rest[r].argmax()) == int(logits[r].argmax()) and float(rest[r].max()) == 1.0
 
 
+def filtered_dist(row: list[float], temperature: float, top_k: int, top_p: float) -> list[float]:
+    """Temperature, top-k, then top-p (the smallest head of the sorted distribution whose mass reaches
+    top_p), renormalised: written out token by token in float64, independent of the runtime's code."""
+    order = sorted(range(len(row)), key=lambda i: -row[i])
+    kept = order[:top_k] if top_k else order
+    m = max(row[i] for i in kept)
+    w = {i: math.exp((row[i] - m) / temperature) for i in kept}
+    z = sum(w.values())
+    head, mass = [], 0.0
+    for i in kept:  # descending probability
+        if mass >= top_p:
+            break
+        head.append(i)
+        mass += w[i] / z
+    total = sum(w[i] for i in head)
+    return [w[i] / total if i in head else 0.0 for i in range(len(row))]
+
+
 def test_target_dist_and_residual():
     logits = torch.randn(3, 40) * 3
     s = SamplingConfig(temperature=0.7, top_p=0.8, top_k=12)
     p = target_dist(logits, s)
-    assert torch.allclose(p.sum(-1), torch.ones(3), atol=1e-6)
-    assert torch.allclose(p, sampling_probs(logits, s) / sampling_probs(logits, s).sum(-1, keepdim=True))
-    assert int((p[0] > 0).sum()) <= 12
+    want = torch.tensor([filtered_dist(r, 0.7, 12, 0.8) for r in logits.double().tolist()], dtype=torch.float64)
+    torch.testing.assert_close(p.double(), want, rtol=0, atol=1e-6)
+    assert 1 <= int((p[0] > 0).sum()) <= 12
     q = torch.softmax(torch.randn(3, 40), -1)
     r = residual(p, q)
-    assert torch.allclose(r.sum(-1), torch.ones(3), atol=1e-6) and bool((r[p <= q] == 0).all())
+    excess = (p.double() - q.double()).clamp_min(0)  # the rejection rule's residual, max(p - q, 0) normalised
+    torch.testing.assert_close(r.double(), excess / excess.sum(-1, keepdim=True), rtol=0, atol=1e-6)
     assert torch.equal(residual(p, p), p)  # nothing left: rejection was impossible, keep p

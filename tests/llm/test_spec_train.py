@@ -40,12 +40,12 @@ def test_training_improves_the_draft(engine):
     t2d = torch.full((cfg.target_vocab,), -1, dtype=torch.long)
     t2d[d2t] = torch.arange(len(d2t))
     rows = data.rows(torch.arange(6))
-    before = build_draft(cfg, init_draft_weights(cfg, engine.lm["decode"].embed, d2t), draft_ops(engine))
+    before = build_draft(cfg, init_draft_weights(cfg, engine.lm["decode"].token_embedding, d2t), draft_ops(engine))
     tensors, _ = train(engine, rows, cfg, d2t, steps=25, batch=3, lr=3e-3, log=lambda s: None, ttt_steps=2,
                        amp=False)
     after = build_draft(cfg, tensors, draft_ops(engine))
     with torch.no_grad():
-        l0, _, _ = draft_losses(before, engine.lm["decode"].embed, rows, t2d, steps=2)
-        l1, acc, hist = draft_losses(after, engine.lm["decode"].embed, rows, t2d, steps=2, ranks=3)
+        l0, _, _ = draft_losses(before, engine.lm["decode"].token_embedding, rows, t2d, steps=2)
+        l1, acc, hist = draft_losses(after, engine.lm["decode"].token_embedding, rows, t2d, steps=2, ranks=3)
     assert l1 < 0.7 * l0
     assert hist.shape == (2, 3) and abs(float(hist[0, 0]) - acc[0]) < 1e-6  # rank 0 = top-1 accuracy

@@ -15,7 +15,7 @@ WIDE = TreeShape(((0,), (1,), (2,), (0, 0), (1, 0), (1, 1), (2, 0), (1, 1, 0), (
 def head(engine):
     cfg = draft_config_for(engine, 256, inner=64)
     d2t = torch.randperm(cfg.target_vocab)[:256]
-    return build_draft(cfg, init_draft_weights(cfg, engine.lm["decode"].embed, d2t,
+    return build_draft(cfg, init_draft_weights(cfg, engine.lm["decode"].token_embedding, d2t,
                                                seed=int(torch.randint(0, 1000, ()))), engine.resolvers["decode"])
 
 
@@ -108,7 +108,7 @@ def test_kv_after_a_tree_step_equals_plain_decoding(tied_llama, head):
     ref.prefill(ids, 0)
     for t in greedy[:5]:
         ref.forward_decode([t])
-    for layer in range(e.cfg.text.layers):
+    for layer in range(e.model_config.text.layers):
         (k, v), (rk, rv) = e.cache.read(layer, P + 5), ref.cache.read(layer, P + 5)
         assert torch.allclose(k, rk, rtol=1e-4, atol=1e-4) and torch.allclose(v, rv, rtol=1e-4, atol=1e-4)
     # decoding on from the compacted cache gives plain decoding's next logits

@@ -12,7 +12,7 @@ from edgefm_ros.runtime.speculative import (SpeculativeDecoder, TreeShape, build
 def draft(engine):
     cfg = draft_config_for(engine, 256, inner=64)
     d2t = torch.randperm(cfg.target_vocab)[:256]
-    tensors = init_draft_weights(cfg, engine.lm["decode"].embed, d2t, seed=int(torch.randint(0, 1000, ())))
+    tensors = init_draft_weights(cfg, engine.lm["decode"].token_embedding, d2t, seed=int(torch.randint(0, 1000, ())))
     return cfg, tensors, build_draft(cfg, tensors, engine.resolvers["decode"])
 
 

@@ -10,7 +10,7 @@ ATOL = 1e-4
 
 def test_vlm_logits_and_greedy_match_transformers(tiny_vlm):
     path, hf, engine = tiny_vlm
-    assert engine.vlm is not None and engine.vlm_cfg.vlm.image_tokens == 16
+    assert engine.vlm is not None and engine.vlm_config.vlm.image_tokens == 16
     tok = engine.tokenizer
     prompt = engine.tokenizer.render([{"role": "user", "content": [{"type": "image"},
                                                                    {"type": "text", "text": "what is on the table?"}]}])
@@ -22,7 +22,7 @@ def test_vlm_logits_and_greedy_match_transformers(tiny_vlm):
     x = torch.tensor([ids])
     with torch.no_grad():
         ref = hf(input_ids=x, pixel_values=pixels[None]).logits[0]
-        emb = engine.vlm.embed(x, pixels)
+        emb = engine.vlm.embed_inputs(x, pixels)
         h, _ = run_layers(engine.lm["prefill"], emb, torch.arange(len(ids))[None], causal_mask(0, len(ids)),
                           engine.cache, 0)
         ours = engine.lm["prefill"].logits(h)[0]

@@ -6,6 +6,7 @@ and falling back to the edge when the server is killed mid-answer. One server se
 last test kills it."""
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import math
@@ -23,10 +24,11 @@ from vqa_support import QUESTIONS, TOKEN, start_vqa_server, write_router_yaml  #
 
 from edgefm_ros.cloud import (BreakerConfig, CloudDeadlineExceeded, CloudRejected, CloudUnavailable,  # noqa: E402
                               Encoding)
+from edgefm_ros.cloud.client.base import ClientConfig  # noqa: E402
+from edgefm_ros.cloud.client.vqa import VqaClient  # noqa: E402
+from edgefm_ros.cloud.core.protocol import request_body  # noqa: E402
 from edgefm_ros.cloud.images import decode_image, encode_image  # noqa: E402
-from edgefm_ros.cloud.protocol import request_body  # noqa: E402
-from edgefm_ros.cloud.vqa_client import VqaClient, VqaClientConfig  # noqa: E402
-from edgefm_ros.cloud.vqa_protocol import encode_vqa_request, vqa_messages  # noqa: E402
+from edgefm_ros.cloud.tasks.vqa import encode_vqa_request, vqa_messages  # noqa: E402
 
 SLACK_S = 0.3  # scheduling slack on a shared 2-core machine
 SYSTEM = "Answer briefly."
@@ -105,7 +107,9 @@ def test_refusals_name_the_bad_field(server, rng):
     cases = {"question": {**good, "inputs": good["inputs"][1:]},
              "max_new_tokens": {**good, "parameters": {"max_new_tokens": 10 ** 6}},
              "too many images": encode_vqa_request("what?", [img] * 5, request_id="many"),
-             "image_0": {**good, "inputs": [good["inputs"][0], {**good["inputs"][1], "data": ["%%%"]}]}}
+             "image_0": {**good, "inputs": [good["inputs"][0], {**good["inputs"][1], "data": ["%%%"]}]},
+             "deadline_s": {**good, "parameters": {**good["parameters"], "deadline_s": "soon"}},
+             "seed": {**good, "parameters": {**good["parameters"], "seed": 1.5}}}
     for field, req in cases.items():
         status, body = post(server, request_body(req))
         assert status == 400 and field in json.loads(body)["error"], (field, status, body)
@@ -116,9 +120,46 @@ def test_refusals_name_the_bad_field(server, rng):
     client.close()
 
 
+def test_tritonclient_infers_from_the_metadata_alone(server, local, rng):
+    """The KServe ecosystem's own client: GET /v2/models/vqa declares every input, output and request
+    parameter; an answer asked with tritonclient from that alone is the local greedy answer."""
+    import tritonclient.http as triton
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with triton.InferenceServerClient(f"127.0.0.1:{server.port}") as tc:
+        meta = tc.get_model_metadata("vqa", headers=headers)
+        inputs = {t["name"]: t for t in meta["inputs"]}
+        assert set(inputs) == {"question", "system", "image_0", "image_1", "image_2", "image_3"}
+        assert all((t["datatype"], t["shape"]) == ("BYTES", [1]) for t in inputs.values())
+        assert {"image_encoding", "image_dtype", "image_shape"} <= set(inputs["image_0"]["parameters"])
+        outputs = {t["name"]: (t["datatype"], t["shape"]) for t in meta["outputs"]}
+        assert outputs == {"answer": ("BYTES", [1]), "tokens": ("INT64", [-1]), "delta": ("BYTES", [1])}
+        assert {"max_new_tokens", "temperature", "top_k", "top_p", "seed", "deadline_s",
+                "image_encoding"} <= set(meta["parameters"])
+
+        img = rng.integers(0, 256, size=(int(rng.integers(24, 64)), int(rng.integers(24, 64)), 3), dtype=np.uint8)
+        question, n = str(rng.choice(QUESTIONS)), int(rng.integers(3, 7))
+        arrays = {"question": np.array([question.encode()], dtype=object),
+                  "system": np.array([SYSTEM.encode()], dtype=object),
+                  "image_0": np.array([base64.b64encode(img.tobytes())], dtype=object)}
+        req = []
+        for name, a in arrays.items():
+            req.append(triton.InferInput(name, list(a.shape), inputs[name]["datatype"]))
+            req[-1].set_data_from_numpy(a, binary_data=False)
+        outs = [triton.InferRequestedOutput(name, binary_data=False) for name in ("answer", "tokens")]
+        res = tc.infer("vqa", req, outputs=outs, headers=headers,
+                       parameters={"max_new_tokens": n, "image_encoding": "raw", "image_dtype": "uint8",
+                                   "image_shape": list(img.shape)})
+    ref = greedy(local, question, [img], n)
+    answer = res.as_numpy("answer")[0]
+    assert (answer.decode() if isinstance(answer, bytes) else answer) == ref.text
+    assert res.as_numpy("tokens").tolist() == list(ref.tokens)
+
+
 def test_deadline_on_a_slow_server_and_504_when_queued_past_it(server, rng):
     img = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
-    slow = VqaClient(server.url, TOKEN, config=VqaClientConfig(request_parameters=(("fault_delay_s", 1.5),)))
+    slow = VqaClient(server.url, TOKEN,
+                     config=ClientConfig.for_task("vqa", request_parameters=(("fault_delay_s", 1.5),)))
     t0 = time.monotonic()
     with pytest.raises(CloudDeadlineExceeded):
         slow.ask("what is this?", [img], 0.5, max_new_tokens=2)
@@ -130,9 +171,9 @@ def test_deadline_on_a_slow_server_and_504_when_queued_past_it(server, rng):
     assert status == 504 and "deadline" in json.loads(body)["error"]
 
 
-def slow_tokens(delay_s: float, **kw) -> VqaClientConfig:
+def slow_tokens(delay_s: float, **kw) -> ClientConfig:
     """A client whose requests make the server (--fault-injection) take ``delay_s`` per token."""
-    return VqaClientConfig(request_parameters=(("fault_token_delay_s", delay_s),), **kw)
+    return ClientConfig.for_task("vqa", request_parameters=(("fault_token_delay_s", delay_s),), **kw)
 
 
 def test_streamed_answer_arrives_token_by_token_and_is_the_local_greedy_answer(server, local, rng):

@@ -10,12 +10,11 @@ import json
 import numpy as np
 import pytest
 
+from edgefm_ros.cloud.core.protocol import ProtocolError, Tensor
 from edgefm_ros.cloud.images import Encoding, decode_image, encode_image
-from edgefm_ros.cloud.protocol import ProtocolError, Tensor
-from edgefm_ros.cloud.vqa_protocol import (VqaLimits, decode_vqa_event, decode_vqa_request, decode_vqa_response,
-                                           encode_vqa_delta, encode_vqa_error, encode_vqa_final, encode_vqa_request,
-                                           encode_vqa_response, vqa_messages)
-from edgefm_ros.cloud.vqa_settings import VqaRuntimeConfig
+from edgefm_ros.cloud.tasks.vqa import (VqaLimits, VqaRuntimeConfig, decode_vqa_event, decode_vqa_request,
+                                        decode_vqa_response, encode_vqa_delta, encode_vqa_error, encode_vqa_final,
+                                        encode_vqa_request, encode_vqa_response, vqa_messages)
 
 @pytest.fixture
 def rng():
@@ -134,7 +133,11 @@ BAD = {
     "temperature nan": (lambda: {**_req(), "parameters": {"temperature": float("nan")}}, "'temperature'"),
     "top_p": (lambda: _req(top_p=0.0), "'top_p'"),
     "seed": (lambda: _req(seed=-1), "'seed'"),
-    "deadline": (lambda: _req(deadline_s=-1.0), "'deadline_s'"),
+    "deadline": (lambda: _req(deadline_s=-1.0), "'deadline_s'.*got -1.0"),
+    "deadline nan": (lambda: {**_req(), "parameters": {"deadline_s": float("nan")}}, "'deadline_s'.*got nan"),
+    "deadline text": (lambda: {**_req(), "parameters": {"deadline_s": "2"}}, "'deadline_s'.*got '2'"),
+    "max_new_tokens float": (lambda: {**_req(), "parameters": {"max_new_tokens": 8.0}}, "'max_new_tokens'.*got 8.0"),
+    "seed bool": (lambda: {**_req(), "parameters": {"seed": False}}, "'seed'.*got False"),
 }
 
 
@@ -166,13 +169,13 @@ def test_messages_and_settings():
 
 def test_serve_vqa_task_settings(tmp_path):
     from edgefm_ros.cloud.cli import _parser, config_from_args
-    from edgefm_ros.cloud.serving import write_run_dir
+    from edgefm_ros.cloud.server.settings import write_run_dir
 
     cfg = config_from_args(_parser().parse_args(["serve", "--task", "vqa", "--capacity", "300"]))
     assert (cfg.task, cfg.checkpoint, cfg.model_name) == ("vqa", "", "vqa")
     write_run_dir(cfg, tmp_path, 1234, 1235)
     m = json.loads((tmp_path / "vqa" / "model-settings.json").read_text())
-    assert m["implementation"] == "edgefm_ros.cloud.vqa_runtime.VqaRuntime"
+    assert m["implementation"] == "edgefm_ros.cloud.server.runtime.VqaRuntime"
     rc = VqaRuntimeConfig.from_extra(m["parameters"]["extra"])
     assert (rc.model, rc.capacity, rc.max_new_tokens) == ("", 300, 150)
     with pytest.raises(ValueError, match="needs a checkpoint"):
@@ -193,7 +196,7 @@ def test_runtime_in_process_text_model_matches_local_greedy(tied_llama, engine, 
     from mlserver.errors import MLServerError
     from mlserver.settings import ModelParameters, ModelSettings
 
-    from edgefm_ros.cloud.vqa_runtime import VqaRuntime
+    from edgefm_ros.cloud.server.runtime import VqaRuntime
     from edgefm_ros.runtime.generate import SamplingConfig
 
     settings = ModelSettings(name="vqa", implementation=VqaRuntime,

@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from skips import require_material
+
 RNG = np.random.default_rng()
 
 
@@ -75,8 +77,7 @@ def test_rosbags_type_hashes_match_rosidl(ros, install_root):
     ts = make_typestore()
     share = install_root / "share" / "edgefm_ros" / "msg"
     files = sorted(share.glob("*.json"))
-    if not files:
-        pytest.skip(f"no rosidl type descriptions in {share}")
+    require_material(bool(files), f"no rosidl type descriptions in {share}")
     for f in files:
         desc = json.loads(f.read_text())
         want = next(h["hash_string"] for h in desc["type_hashes"] if h["type_name"] == f"edgefm_ros/msg/{f.stem}")

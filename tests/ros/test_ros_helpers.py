@@ -66,10 +66,29 @@ def test_jpeg_round_trip_is_close_and_garbage_is_refused():
         decode_compressed("tiff", b"\x00" * 10)
 
 
-def test_resize_changes_only_when_needed():
+def bilinear_half_pixel(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear resampling with half-pixel centres (src = (dst + 0.5) * scale - 0.5, clamped at the edges),
+    written out in float64: the convention the resize must follow, independent of OpenCV."""
+    h, w = rgb.shape[:2]
+    ys = np.clip((np.arange(height) + 0.5) * h / height - 0.5, 0, h - 1)
+    xs = np.clip((np.arange(width) + 0.5) * w / width - 0.5, 0, w - 1)
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    a = rgb.astype(np.float64)
+    top = a[y0][:, x0] * (1 - fx) + a[y0][:, x1] * fx
+    bottom = a[y1][:, x0] * (1 - fx) + a[y1][:, x1] * fx
+    return top * (1 - fy) + bottom * fy
+
+
+@pytest.mark.parametrize("size", [(15, 20), (45, 64), (30, 17)], ids=["down", "up", "mixed"])
+def test_resize_is_bilinear_and_identity_when_the_size_matches(size):
     rgb = _rgb(30, 40)
     assert resize_rgb(rgb, 30, 40) is rgb
-    assert resize_rgb(rgb, 15, 20).shape == (15, 20, 3)
+    out = resize_rgb(rgb, *size)
+    assert out.shape == (*size, 3) and out.dtype == np.uint8
+    # OpenCV rounds its fixed-point weights: within 1 grey level of the float64 resampling
+    assert np.abs(out.astype(np.float64) - bilinear_half_pixel(rgb, *size)).max() <= 1.0
 
 
 def test_joint_order_maps_by_name_and_rejects_bad_states():

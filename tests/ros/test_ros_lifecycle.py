@@ -116,12 +116,12 @@ def test_vla_node_configure_fails_cleanly_then_works(ctx, tiny_model):
 
 
 class _Remote:
-    """A remote policy for the seam: answers with a chunk, raises, or answers late."""
+    """A RemotePolicy (edgefm_ros.cloud) for the seam: answers with a chunk, raises, or answers late."""
 
     def __init__(self, mode, engine):
         self.mode, self.engine, self.calls = mode, engine, 0
 
-    def predict(self, obs, deadline_s):
+    def predict(self, obs, deadline_s, encoding=None, *, noise=None, seq=0, dt=1 / 30, request_id=None):
         self.calls += 1
         if self.mode == "raise":
             raise ConnectionError("link down")
@@ -129,6 +129,12 @@ class _Remote:
             time.sleep(deadline_s + 0.05)
         c = self.engine.predict(obs)
         return c.__class__(**{**c.__dict__, "source": "cloud", "actions": c.actions + 1000.0})
+
+    def stats(self):
+        return {"calls": self.calls}
+
+    def close(self):
+        pass
 
 
 @pytest.mark.parametrize("route,mode,want", [(None, "ok", "edge"), ("edge", "ok", "edge"), ("cloud", "ok", "cloud"),

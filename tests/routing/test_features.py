@@ -8,6 +8,7 @@ import pytest
 
 from edgefm_ros.routing.features import (FEATURE_NAMES, FeatureConfig, VISUAL_NAMES, aggregate, extract_features,
                                          jpeg_quality, read_dqt, text_features, visual_features)
+from skips import require_module
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 BLUR, EXPOSURE, JPEG, DETAIL = range(4)
@@ -15,7 +16,7 @@ BLUR, EXPOSURE, JPEG, DETAIL = range(4)
 
 def crop(name: str, rng: np.random.Generator) -> np.ndarray:
     """uint8 (480, 640, 3): a random crop of the photograph scaled to 720 wide."""
-    skdata = pytest.importorskip("skimage.data", reason="scikit-image (bundled test photographs) is not installed")
+    skdata = require_module("skimage.data", "scikit-image (bundled test photographs) is not installed")
     img = getattr(skdata, name)()
     h, w = img.shape[:2]
     big = cv2.resize(img, (720, max(540, round(h * 720 / w))), interpolation=cv2.INTER_AREA)

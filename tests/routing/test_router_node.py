@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-rclpy = pytest.importorskip("rclpy", reason="rclpy (ROS 2 Jazzy wheels) is not installed")
-try:
-    from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
-except ImportError as e:  # pragma: no cover - messages not built
-    pytest.skip(f"edgefm_ros.msg is not built (run scripts/setup.sh): {e}", allow_module_level=True)
+from skips import require_module
+
+rclpy = require_module("rclpy", "rclpy (ROS 2 Jazzy wheels) is not installed")
+RouteDecisionMsg = require_module("edgefm_ros.msg", "edgefm_ros.msg is not built (run scripts/setup.sh)").RouteDecision
 
 ROOT = Path(__file__).resolve().parents[2]
 CAMERAS = ("/rt_cam1/image_raw", "/rt_cam2/image_raw/compressed")

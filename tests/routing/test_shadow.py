@@ -9,7 +9,7 @@ from edgefm_ros.routing.calibrate import calibrate
 from edgefm_ros.routing.config import load_router_config
 from edgefm_ros.routing.features import FEATURE_NAMES
 from edgefm_ros.routing.log import read_log
-from edgefm_ros.routing.shadow import ShadowLogger, ShadowResult, chunk_error, chunk_quality, pair_qualities
+from edgefm_ros.routing.shadow import ShadowLogger, ShadowResult, chunk_error, chunk_quality
 from edgefm_ros.types import CandidatePrediction, RouteDecision
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +45,6 @@ def test_chunk_quality_rejects_bad_input():
         chunk_quality(a, a, horizon=11)
     with pytest.raises(ValueError, match="non-finite"):
         chunk_quality(a * np.nan, a)
-    with pytest.raises(ValueError, match="reference"):
-        pair_qualities({"edge": a}, reference="cloud")
 
 
 def test_shadow_log_feeds_calibration(tmp_path):
@@ -62,8 +60,7 @@ def test_shadow_log_feeds_calibration(tmp_path):
                               predictions=(CandidatePrediction(edge, "edge", 0.8, 0.3, 4.0),),
                               params={"deadline_s": 0.5, "breaker_open": False})
             ref_chunk = rng.normal(0, 1, (50, 6))
-            chunks = {ref: ref_chunk, edge: ref_chunk + rng.normal(0, x[0], ref_chunk.shape)}
-            q = pair_qualities(chunks, reference=ref)
+            q = {ref: 1.0, edge: chunk_quality(ref_chunk + rng.normal(0, x[0], ref_chunk.shape), ref_chunk)}
             logger.log(f"req{i}", d, [ShadowResult(edge, "edge", q[edge], 0.3, 4.0, served=True),
                                       ShadowResult(ref, "cloud", q[ref], 0.2, 1.0, upload_bytes=60_000)])
     records = read_log(path)

@@ -7,7 +7,7 @@ from edgefm_ros.types import Observation
 
 
 def good(engine, rng):
-    cfg = engine.cfg
+    cfg = engine.model_config
     images = {k: rng.integers(0, 256, size=(48, 64, 3), dtype=np.uint8) for k in cfg.camera_keys}
     return images, rng.standard_normal(cfg.state_dim).astype(np.float32)
 
@@ -20,7 +20,7 @@ def rng():
 def test_good_observation_runs(exact_engine, rng):
     images, state = good(exact_engine, rng)
     chunk = exact_engine.predict(Observation(images, state, "open the drawer"))
-    assert chunk.actions.shape == (exact_engine.cfg.chunk_size, exact_engine.cfg.action_dim)
+    assert chunk.actions.shape == (exact_engine.model_config.chunk_size, exact_engine.model_config.action_dim)
     assert np.isfinite(chunk.actions).all()
 
 
@@ -32,7 +32,7 @@ def test_good_observation_runs(exact_engine, rng):
 ])
 def test_bad_image_names_camera(exact_engine, rng, bad, match):
     images, state = good(exact_engine, rng)
-    key = exact_engine.cfg.camera_keys[0]
+    key = exact_engine.model_config.camera_keys[0]
     images[key] = bad(images[key])
     with pytest.raises(InputError, match=match) as e:
         exact_engine.predict(Observation(images, state, "open the drawer"))
@@ -61,7 +61,7 @@ def test_unknown_camera_rejected(exact_engine, rng):
 
 def test_missing_camera_needs_declaration(exact_engine, rng):
     images, state = good(exact_engine, rng)
-    key = exact_engine.cfg.camera_keys[1]
+    key = exact_engine.model_config.camera_keys[1]
     del images[key]
     with pytest.raises(InputError, match=key):
         exact_engine.predict(Observation(images, state, "open the drawer"))
@@ -87,8 +87,8 @@ def test_bad_noise_shape_rejected(exact_engine, rng):
 def test_masked_camera_does_not_change_actions(exact_engine, rng):
     """Whatever a masked camera's pixels are, the actions are the same (its tokens are never keys)."""
     images, state = good(exact_engine, rng)
-    key = exact_engine.cfg.camera_keys[1]
-    noise = rng.standard_normal((exact_engine.cfg.chunk_size, exact_engine.cfg.max_action_dim)).astype(np.float32)
+    key = exact_engine.model_config.camera_keys[1]
+    noise = rng.standard_normal((exact_engine.model_config.chunk_size, exact_engine.model_config.max_action_dim)).astype(np.float32)
     a = exact_engine.predict(Observation(images, state, "open the drawer", missing=(key,)), noise=noise).actions
     images[key] = 255 - images[key]
     b = exact_engine.predict(Observation(images, state, "open the drawer", missing=(key,)), noise=noise).actions

@@ -106,7 +106,7 @@ def test_weights_are_memory_mapped_and_lm_head_not_loaded(tiny):
     lo, hi = region.data_ptr(), region.data_ptr() + region.numel()
     w = exact_engine.model.text.layers[0].o.weights[0]  # reference linear: weight used as stored
     assert lo <= w.data_ptr() < hi
-    assert lo <= exact_engine.model.text.embed.data_ptr() < hi
+    assert lo <= exact_engine.model.text.token_embedding.data_ptr() < hi
     assert "model.vlm_with_expert.vlm.lm_head.weight" not in src.used
 
 
@@ -133,13 +133,14 @@ def test_fast_engine_builds_past_a_tuned_record_this_machine_cannot_run(tiny, tm
     import yaml
 
     from edgefm_ros.runtime import engine as engine_mod
+    from edgefm_ros.runtime import resolver as resolver_mod
     from edgefm_ros.runtime.hardware import detect
 
     profile = detect("cpu").profile
     tuned = tmp_path / f"{profile}.yaml"
     tuned.write_text(yaml.safe_dump({"records": [
         {"hw_profile": profile, "op_kind": "attention", "layer_role": "expert_cross_attn", "impl_id": "flashinfer"}]}))
-    monkeypatch.setattr(engine_mod, "tuned_table_path", lambda hw: tuned)
+    monkeypatch.setattr(resolver_mod, "tuned_table_path", lambda hw: tuned)
     with caplog.at_level(logging.WARNING, logger="edgefm_ros.runtime.engine"):
         eng = engine_mod.Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="fast")
     assert tuned in eng.table_files and eng.resolver.overruled

@@ -10,16 +10,14 @@ harness folder (the one holding artifacts/full/). Without it the test is skipped
   goldens bitwise). Both use the same checkpoint, inputs and noise.
 """
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.runtime.preprocess import ModelInputs
 from edgefm_ros.runtime.safetensors_mmap import load_all
+from skips import require_material, require_opt_in
 
-HARNESS = os.environ.get("EDGEFM_LEROBOT_HARNESS")
 GOLDENS = {"legacy": "artifacts", "fixed": "artifacts-fixed"}
 MAKE = {"legacy": "run the harness's bench_reference.py (or make_goldens.py --variants full) once",
         "fixed": "run benchmarks/lerobot_goldens_fixed.py --harness DIR --variants full with the harness's python"}
@@ -28,12 +26,10 @@ MAKE = {"legacy": "run the harness's bench_reference.py (or make_goldens.py --va
 @pytest.fixture(scope="module", params=sorted(GOLDENS))
 def full(request):
     convention = request.param
-    if not HARNESS:
-        pytest.skip("EDGEFM_LEROBOT_HARNESS is not set (FULL goldens come from LeRobot's harness, 1.8 GB)")
-    h = Path(HARNESS)
+    h = require_opt_in("EDGEFM_LEROBOT_HARNESS", "FULL goldens come from LeRobot's harness, 1.8 GB")
     art, golden = h / "artifacts" / "full", h / GOLDENS[convention] / "full" / "golden"
-    if not (art / "checkpoint" / "model.safetensors").is_file() or not (golden / "outputs.safetensors").is_file():
-        pytest.skip(f"no FULL checkpoint under {art} or goldens under {golden}: {MAKE[convention]}")
+    require_material((art / "checkpoint" / "model.safetensors").is_file() and (golden / "outputs.safetensors").is_file(),
+                     f"no FULL checkpoint under {art} or goldens under {golden}: {MAKE[convention]}")
     vlm = h / "vlm" / "SmolVLM2-500M-Video-Instruct"
     engine = Engine.from_checkpoint(art / "checkpoint", vlm_dir=vlm, mode="exact", vision_position_ids=convention)
     return engine, golden
@@ -70,7 +66,7 @@ def test_full_from_raw_matches_unnormalized(full):
     engine, golden = full
     g = load_all(golden / "inputs.safetensors")
     out = load_all(golden / "outputs.safetensors")
-    cfg = engine.cfg
+    cfg = engine.model_config
     frames = {k: g[f"raw.{k}"] for k in cfg.camera_keys}
     masks = {k: g[f"raw.{k}_padding_mask"] for k in cfg.camera_keys if f"raw.{k}_padding_mask" in g}
     tasks = json.loads((golden / "meta.json").read_text())["tasks"]

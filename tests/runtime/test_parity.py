@@ -24,7 +24,7 @@ def test_actions_and_intermediates_match_lerobot(tiny, goldens_by_convention, go
         assert (v.transpose(1, 2) - inter[f"kv.{layer}.value_states"]).abs().max() <= ATOL, f"kv.{layer} values"
     trace = []
     actions = engine.decode(prefix, inputs["noise"], trace)
-    assert len(trace) == engine.cfg.num_steps
+    assert len(trace) == engine.model_config.num_steps
     for step, (v_t, x_t) in enumerate(trace):
         assert (v_t - inter[f"denoise.{step}.v_t"]).abs().max() <= ATOL, f"denoise step {step} v_t"
         assert (x_t - inter[f"denoise.{step}.x_t"]).abs().max() <= ATOL, f"denoise step {step} x_t"
@@ -51,7 +51,7 @@ def test_from_raw_matches_unnormalized(goldens_by_convention, tiny, convention):
 
     inputs, outputs, _ = goldens_by_convention[convention]
     exact_engine = Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="exact", vision_position_ids=convention)
-    cfg = exact_engine.cfg
+    cfg = exact_engine.model_config
     frames = {k: inputs[f"raw.{k}"] for k in cfg.camera_keys}
     masks = {k: inputs[f"raw.{k}_padding_mask"] for k in cfg.camera_keys if f"raw.{k}_padding_mask" in inputs}
     tasks = json.loads((tiny[2] / "meta.json").read_text())["tasks"]
@@ -74,7 +74,7 @@ def test_predict_single_observation_matches_batch_row(exact_engine, goldens):
     from edgefm_ros.types import Observation
 
     inputs, outputs, _ = goldens
-    cfg = exact_engine.cfg
+    cfg = exact_engine.model_config
     # float32 CHW frames are accepted as-is; sample 0 has both cameras and the long task
     obs = Observation({k: inputs[f"raw.{k}"][0].numpy() for k in cfg.camera_keys},
                       inputs[f"raw.{cfg.state_key}"][0].numpy(), "Pick up the red cube and place it in the blue bowl.")

@@ -138,7 +138,8 @@ def test_generated_checkpoints_record_their_convention(tmp_path):
 
 
 def test_node_and_cloud_settings_take_the_choice():
-    from edgefm_ros.cloud.serving import RuntimeConfig, ServeConfig, model_settings
+    from edgefm_ros.cloud.server.settings import ServeConfig, model_settings
+    from edgefm_ros.cloud.tasks.vla import VlaRuntimeConfig as RuntimeConfig
     from edgefm_ros.ros.vla_params import make_config
 
     base = dict(checkpoint="/m", camera_topics=["/c"], camera_keys=["observation.images.c"],

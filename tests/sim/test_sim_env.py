@@ -189,3 +189,23 @@ def test_cameras_are_upright(env):
     env.advance(1.0)
     w2 = _mask_centroid(env.render()["wrist"], _yellow(env.render()["wrist"]))
     assert w2[1] < w1[1] - 2, (w1, w2)
+
+
+def test_collect_cli_writes_expert_demos(tmp_path):
+    from edgefm_ros.sim.dataset import read_dataset
+    from edgefm_ros.tools.sim_cli import main
+
+    out = tmp_path / "demos"
+    assert main(["collect", "--out", str(out), "--tasks", "reach,button-press-topdown", "--episodes-per-task", "2",
+                 "--image-size", "32x48"]) == 0
+    ds = read_dataset(out)
+    assert ds.image_hw == (32, 48) and ds.fps == 20.0 and set(ds.images) == {"scene", "wrist"}
+    assert ds.tasks == [TASKS["reach"].instruction, TASKS["button-press-topdown"].instruction]
+    assert ds.episode_success == {0: True, 1: True, 2: True, 3: True}
+    assert [ds.episode_seed[e] for e in range(4)] == [0, 1, 0, 1]  # training seeds
+    # the action is an absolute target the hand then tracks: by the next frame the hand is nearer to it
+    same_ep = ds.episode_index[1:] == ds.episode_index[:-1]
+    now = np.linalg.norm(ds.state[:-1, :3] - ds.action[:-1, :3], axis=1)[same_ep]
+    nxt = np.linalg.norm(ds.state[1:, :3] - ds.action[:-1, :3], axis=1)[same_ep]
+    assert np.mean(nxt < now) > 0.9 and np.median(nxt) < np.median(now), (np.mean(nxt < now), np.median(nxt))
+    assert main(["collect", "--out", str(out), "--episodes-per-task", "1"]) == 2  # never overwrites

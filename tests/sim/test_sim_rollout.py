@@ -12,7 +12,8 @@ from edgefm_ros.sim.env import SimConfig, SimEnv  # noqa: E402  (first: it picks
 
 pytest.importorskip("metaworld", reason="metaworld not installed (scripts/setup.sh installs it)")
 
-from edgefm_ros.sim.rollout import EnginePolicy, checkpoint_settings, run_episode  # noqa: E402
+from edgefm_ros.sim.rollout import EnginePolicy, checkpoint_settings, checkpoint_tasks, run_episode  # noqa: E402
+from edgefm_ros.sim.tasks import TASKS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,13 @@ def tiny_checkpoint(tmp_path_factory):
 def test_checkpoint_settings(tiny_checkpoint):
     st = checkpoint_settings(tiny_checkpoint)
     assert st["image_hw"] == (32, 32) and set(st["cameras"]) == {"scene", "wrist"} and st["n_action_steps"] == 10
+
+
+def test_checkpoint_tasks_from_training_record(tmp_path):
+    assert checkpoint_tasks(tmp_path) == list(TASKS)  # no record: every task
+    (tmp_path / "edgefm_train.json").write_text(json.dumps({"tasks": [TASKS["drawer-open"].instruction,
+                                                                      TASKS["reach"].instruction]}))
+    assert checkpoint_tasks(tmp_path) == ["drawer-open", "reach"]
 
 
 def test_sync_eval_cli_end_to_end(tiny_checkpoint, tmp_path):

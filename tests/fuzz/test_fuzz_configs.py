@@ -1,0 +1,116 @@
+"""Dispatch tables, skill manifests, router configs and router logs from outside: the shipped files with one
+value replaced by a fuzzed one (or fuzzed whole). Each either parses or raises the documented error
+(DispatchError, SkillError, ValueError) naming where it is; no TypeError, KeyError or AttributeError escapes."""
+import copy
+import json
+from pathlib import Path
+
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgefm_ros.routing.config import router_config_from_dict
+from edgefm_ros.routing.log import read_log, record_from_dict
+from edgefm_ros.runtime.dispatch import TABLE_DIR, DispatchError, parse_records
+from edgefm_ros.runtime.skills import SkillError, builtin_dir, parse_skill
+
+ROOT = Path(__file__).resolve().parents[2]
+leaf = (st.none() | st.booleans() | st.integers(-2 ** 65, 2 ** 65) | st.floats() | st.text(max_size=8)
+        | st.sampled_from(["exact", "fast", "decode", "linear", "bf16", "cpu_x86_avx512", "*", ""]))
+values = st.recursive(leaf, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6) | st.integers(), kids,
+                                                                                        max_size=3), max_leaves=8)
+
+
+def paths(doc, prefix=()):
+    """Every (path, value) of a nested dict/list document, containers included."""
+    yield prefix, doc
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from paths(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from paths(v, prefix + (i,))
+
+
+def mutated(doc, draw):
+    """``doc`` with one node (picked by ``draw``) replaced, deleted or given an extra key."""
+    doc = copy.deepcopy(doc)
+    spots = [p for p, _ in paths(doc) if p]
+    where = draw(st.sampled_from(spots))
+    parent = doc
+    for k in where[:-1]:
+        parent = parent[k]
+    how = draw(st.sampled_from(["replace", "replace", "delete", "extra"]))
+    if how == "replace":
+        parent[where[-1]] = draw(values)
+    elif how == "delete":
+        del parent[where[-1]]
+    elif isinstance(parent, dict):
+        parent[draw(st.text(max_size=5) | st.integers())] = draw(values)
+    return doc
+
+
+def shipped(path: Path):
+    return yaml.safe_load(path.read_text())
+
+
+TABLES = [shipped(TABLE_DIR / n) for n in ("reference.yaml", "exact.yaml", "fast.yaml")]
+SKILLS = [(p, shipped(p)) for p in sorted(builtin_dir().glob("*.yaml"))]
+ROUTER = shipped(ROOT / "config" / "router.yaml")
+
+
+@given(data=st.data())
+def test_fuzz_dispatch_tables(data):
+    doc = data.draw(st.sampled_from(TABLES).map(lambda d: mutated(d, data.draw)) | values)
+    try:
+        parse_records(doc, "fuzz.yaml")
+    except DispatchError as e:
+        assert "fuzz.yaml" in str(e) or "record" in str(e)
+
+
+@given(data=st.data())
+def test_fuzz_skill_manifests(data):
+    path, doc = data.draw(st.sampled_from(SKILLS))
+    doc = data.draw(st.just(doc).map(lambda d: mutated(d, data.draw)) | values)
+    try:
+        parse_skill(doc, path)
+    except SkillError as e:
+        assert str(path) in str(e) or path.name in str(e)
+
+
+@given(data=st.data())
+def test_fuzz_router_config(data):
+    doc = data.draw(st.just(ROUTER).map(lambda d: mutated(d, data.draw)) | values)
+    try:
+        router_config_from_dict(doc)
+    except ValueError as e:
+        assert str(e)
+
+
+
+def a_record():
+    from edgefm_ros.routing.features import FEATURE_NAMES
+
+    return {"request_id": "r1", "candidate": "edge", "features": {n: 0.5 for n in FEATURE_NAMES}, "quality": 0.9,
+            "latency_s": 0.2, "placement": "edge", "served": True, "bandwidth_mbps": None}
+
+
+@given(data=st.data())
+def test_fuzz_router_log_records(data):
+    d = data.draw(st.just(a_record()).map(lambda d: mutated(d, data.draw)) | values)
+    try:
+        record_from_dict(d, "fuzz:1")
+    except ValueError as e:
+        assert "fuzz:1" in str(e)
+
+
+@given(lines=st.lists(st.binary(max_size=40) | st.just(json.dumps(a_record()).encode()), max_size=4))
+def test_fuzz_router_log_files(tmp_path_factory, lines):
+    p = tmp_path_factory.mktemp("log") / "log.jsonl"
+    p.write_bytes(b"\n".join(l.replace(b"\n", b" ") for l in lines))
+    try:
+        records = read_log(p)
+    except ValueError as e:
+        assert str(p) in str(e) or "log record" in str(e)
+        return
+    assert all(r.candidate == "edge" for r in records)
