@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from edgefm_ros.runtime.engine import Engine, tuned_table_path
+from edgefm_ros.runtime.engine import Engine
+from edgefm_ros.runtime.resolver import tuned_table_path
 from edgefm_ros.runtime.hardware import detect
 
 

@@ -214,7 +214,8 @@ def cmd_sim(args) -> int:
     print(f"\n{'task':24s} {'edgefm':>8s} {'lerobot 0.4.4':>14s}")
     for t, r in table.items():
         print(f"{t:24s} {r['edgefm']:8.0%} {r['lerobot']:14.0%}")
-    print(f"{'all':24s} {overall['edgefm']:8.0%} {overall['lerobot']:14.0%}   (same outcome on {agree:.0%} of episodes)")
+    print(f"{'all':24s} {overall['edgefm']:8.0%} {overall['lerobot']:14.0%}   "
+          f"(same outcome on {agree:.0%} of episodes)")
     if args.json:
         Path(args.json).write_text(json.dumps({"seeds": args.seeds, "tasks": table, "overall": overall,
                                                "same_outcome": agree, "episodes": results}, indent=2))

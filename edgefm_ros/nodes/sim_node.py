@@ -118,6 +118,12 @@ class SimNode(LifecycleNode):
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         ret = super().on_activate(state)
+        p = self.cfg.realtime_priority
+        if p > 0:  # the executor thread takes the GIL for callbacks: just below the physics thread, so it is
+            try:   # never preempted while the physics thread waits for the GIL (priority inversion)
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(max(1, p - 1)))
+            except OSError as e:
+                self.get_logger().warning(f"realtime priority {p - 1} not applied to the executor thread: {e}")
         self._active = True
         self._running.set()
         self.get_logger().info("active: physics running on the wall clock")

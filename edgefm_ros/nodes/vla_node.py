@@ -241,11 +241,12 @@ class VlaNode(LifecycleNode):
             self.remote, self._own_remote = None, False
 
     def stop_for_exit(self) -> None:
-        """Before the process exits: the worker stopped (a request in hand ends first: a cloud call at its
-        deadline, then no edge fallback), the cloud client's connections and threads and the shadow log
-        closed."""
+        """Before the process exits: the cloud client's connections and threads closed (a call in flight
+        fails at once), the worker stopped (the request in hand ends first, publishing nothing), the shadow
+        log closed."""
+        self._active = False  # the request in hand publishes nothing and gets no edge fallback
+        self._close_remote()  # a cloud call in flight fails now, not at its deadline
         self._stop_worker()
-        self._close_remote()
         if self._shadow is not None:
             self._shadow.close()
             self._shadow = None

@@ -1,6 +1,8 @@
 """Named QoS profiles used by the nodes and tools."""
 from __future__ import annotations
 
+import time
+
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
@@ -30,10 +32,22 @@ DIAGNOSTICS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=
                          durability=DurabilityPolicy.VOLATILE)
 
 
-def instruction_subscriptions(node, msg_type, topic: str, callback) -> list:
-    """Both instruction subscriptions (INSTRUCTION_LIVE and LATCHED) with one callback. A message from a
-    latched publisher may arrive twice (once on each): the callback must be idempotent. The latched one
-    stays quiet about volatile publishers (the live one receives them)."""
+def instruction_subscriptions(node, msg_type, topic: str, callback, same_within_s: float = 1.0) -> list:
+    """Both instruction subscriptions (INSTRUCTION_LIVE and LATCHED) with one callback. A latched
+    publisher's message reaches both: the copy that arrives on the other subscription within
+    ``same_within_s`` is dropped (a message re-sent on purpose comes through). The latched subscription stays
+    quiet about volatile publishers (the live one receives them)."""
+    last: list = [None, -1, 0.0]  # message, subscription index, monotonic time
+
+    def deliver(index: int):
+        def on_message(msg) -> None:
+            now = time.monotonic()
+            if last[1] not in (-1, index) and now - last[2] < same_within_s and msg == last[0]:
+                return
+            last[:] = [msg, index, now]
+            callback(msg)
+        return on_message
+
     quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)
-    return [node.create_subscription(msg_type, topic, callback, INSTRUCTION_LIVE),
-            node.create_subscription(msg_type, topic, callback, LATCHED, event_callbacks=quiet)]
+    return [node.create_subscription(msg_type, topic, deliver(0), INSTRUCTION_LIVE),
+            node.create_subscription(msg_type, topic, deliver(1), LATCHED, event_callbacks=quiet)]

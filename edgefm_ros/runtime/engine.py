@@ -30,7 +30,7 @@ from .checkpoint import Checkpoint, load_checkpoint, resolve_vision_position_ids
 from .hardware import Hardware, detect
 from .modes import Mode, check_mode
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
-from .resolver import build_resolver, tuned_table_path  # noqa: F401  (tuned_table_path: tools import it here)
+from .resolver import build_resolver
 
 log = logging.getLogger(__name__)
 PREFILL_ROLES = ("vision", "connector", "vlm", "state_proj", "expert_cross_kv")

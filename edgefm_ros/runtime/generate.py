@@ -6,9 +6,10 @@
 
 prefill: the prompt (or only its suffix after a fixed prefix already in the cache) in one pass;
 decode: one token per step. Each phase is its own artifact: the modules are built through the dispatch
-table once per stage (when a table record names a stage; otherwise both phases resolve alike and share
-one build). The KV cache is allocated once (``capacity``
-positions) and stored through the codec the table picks for op_kind ``kv``.
+tables the Engine uses too (built-ins, the mode's skills, the tuned table: ``resolver.build_resolver``), once
+per stage when a record names a stage (otherwise both phases resolve alike and share one build). The KV
+cache is allocated once (``capacity`` positions) and stored through the codec the table picks for op_kind
+``kv``.
 """
 from __future__ import annotations
 

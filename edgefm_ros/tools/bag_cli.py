@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -137,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     try:
         return {"make": _make, "play": _play, "record": _record, "info": _info}[a.cmd](a)
+    except BrokenPipeError:
+        # the reader of stdout went away (the launcher was killed) after the work was done: the summary
+        # is lost, the bag is not; stdout goes nowhere so that the exit does not fail on it again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, FileNotFoundError) as e:
         print(f"edgefm-bag {a.cmd}: error: {e}", file=sys.stderr)
         return 2

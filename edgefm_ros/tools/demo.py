@@ -10,7 +10,8 @@
    $EDGEFM_CLOUD_TOKEN in its environment); router_node then routes with config/router_demo.yaml over
    a static link, so the long instruction of the bag goes to the cloud and the short one stays on the
    edge; ``--shadow F`` also turns on vla_node's shadow mode (log in the output dir);
-4. vla_node, action_node (and router_node when installed) started as processes with a params file;
+4. vla_node, action_node (and router_node when installed) started with a params file, by ``ros2 launch
+   edgefm_ros edgefm.launch.py`` where it is installed, else as processes (--cloud: as processes);
 5. the bag replayed into them, their outputs recorded;
 6. a summary (chunks by source, routes, control rate and jitter, inference latency, the cloud's
    round trip) and a plot (PNG) of the commanded joint trajectories and the latency over time.

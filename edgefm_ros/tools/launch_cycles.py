@@ -1,13 +1,14 @@
 """edgefm-launch-cycles: start the full graph with ``ros2 launch``, stop it with Ctrl-C (or SIGTERM), N
 times, and count the processes that did not end cleanly.
 
-    python -m edgefm_ros.tools.launch_cycles --cycles 20            # prints "abnormal exits: 0" when clean
+    python -m edgefm_ros.tools.launch_cycles --cycles 20      # ends with "abnormal exits: 0" when clean
 
 Each cycle launches replay.launch.py (vla_node, action_node, router_node, the bag player and recorder) with
-a small checkpoint and a synthetic bag (``--graph robot``: edgefm.launch.py without data), waits until the lifecycle nodes are active and data flows, waits a
-random 0.5-3 s (inference in flight, commands at the control rate), then sends the signal: ``--target
-group`` delivers it to every process of the launch's process group, as a terminal's Ctrl-C does (and as
-systemd stops a service); ``--target launch`` to the ``ros2 launch`` process alone. Abnormal: a process
+a small checkpoint and a synthetic bag (``--graph robot``: edgefm.launch.py without data), waits until the
+lifecycle nodes are active and data flows, waits a random 0.5-3 s (inference in flight, commands at the
+control rate), then sends the signal: ``--target group`` delivers it to every process of the launch's
+process group, as a terminal's Ctrl-C does (and as systemd stops a service); ``--target launch`` to the
+``ros2 launch`` process alone. Abnormal: a process
 whose exit code is not 0, one still running ``--bound-s`` after the signal, a graph that did not come up.
 This process is a child subreaper (Linux): processes whose launcher died are reparented to it, so their
 exit codes are known too. ``ros2 launch`` itself exits 0 on SIGINT; on SIGTERM it ends at once by design

@@ -171,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgefm-demo", description=__doc__.split("\n")[0] + " (closed loop; "
                                 "`edgefm-demo --bag [BAG] --help`: the bag replay)")
     p.add_argument("--checkpoint", help="SmolVLA checkpoint (default: checkpoints/smolvla-metaworld)")
-    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: every task)")
+    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: the checkpoint's)")
     p.add_argument("--seeds", default=None, help="evaluation seeds, 'A-B' or 'A,B' (default: the first one)")
     p.add_argument("--out", default="edgefm_demo_output", help="output dir (video, plot, report, logs)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="extra latency added to every chunk")
@@ -183,13 +183,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def run_demo(args) -> dict:
     from edgefm_ros.sim.report import format_table, write_report
+    from edgefm_ros.sim.rollout import checkpoint_tasks
     from edgefm_ros.sim.tasks import EVAL_SEEDS, parse_seeds, parse_tasks
     from edgefm_ros.tools.sim_ros import Frames, default_checkpoint, joint_states, run_ros
 
     ckpt = Path(args.checkpoint or default_checkpoint())
     if not (ckpt / "config.json").is_file():
         raise ValueError(f"checkpoint {ckpt} holds no config.json (train one: see README, `edgefm-vla train`)")
-    tasks = parse_tasks(args.tasks)
+    tasks = parse_tasks(args.tasks) if args.tasks else checkpoint_tasks(ckpt)
     seeds = parse_seeds(args.seeds) if args.seeds else [EVAL_SEEDS[0]]
     episodes = [f"{t}:{s}" for s in seeds for t in tasks]
     out = Path(args.out).resolve()

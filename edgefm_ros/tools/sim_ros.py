@@ -386,14 +386,15 @@ def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, de
 def run_ros_eval(checkpoint: str | None, tasks: Sequence[str] | None, seeds: Iterable[int], delay_ms: float = 0.0,
                  aggregate: str | None = None, out_dir: str | Path | None = None,
                  progress: Callable[[str], None] | None = print) -> dict:
-    """The report of ``tasks`` (None: every task) x ``seeds`` through the node graph (``edgefm-sim eval
-    --exec ros``); ``out_dir`` keeps the logs, the record and sim_node's episode results (else a temp dir)."""
-    from edgefm_ros.sim.tasks import TASKS
+    """The report of ``tasks`` (None: the tasks the checkpoint was trained on, as for --exec sync) x ``seeds``
+    through the node graph (``edgefm-sim eval --exec ros``); ``out_dir`` keeps the logs, the record and
+    sim_node's episode results (else a temp dir)."""
+    from edgefm_ros.sim.rollout import checkpoint_tasks
 
-    tasks = list(tasks) if tasks else list(TASKS)
+    ckpt = str(checkpoint or default_checkpoint())
+    tasks = list(tasks) if tasks else checkpoint_tasks(ckpt)
     seeds = list(seeds)
     episodes = [f"{t}:{s}" for s in seeds for t in tasks]  # seed-major: every task early in the run
-    ckpt = str(checkpoint or default_checkpoint())
     with contextlib.ExitStack() as stack:
         if out_dir is None:
             import tempfile

@@ -45,7 +45,8 @@ def write_backbone(vdir: Path, arch: dict, instructions: Sequence[str] = ()) -> 
     vocab = tok.get_vocab_size()
     image_token_id = tok.token_to_id(PROCESSOR_TOKENS["image_token"])
     tcfg = json.loads((vdir / "tokenizer_config.json").read_text())
-    tcfg.update({**PROCESSOR_TOKENS, "extra_special_tokens": dict(PROCESSOR_TOKENS), "processor_class": "SmolVLMProcessor",
+    tcfg.update({**PROCESSOR_TOKENS, "extra_special_tokens": dict(PROCESSOR_TOKENS),
+                 "processor_class": "SmolVLMProcessor",
                  "additional_special_tokens": [PROCESSOR_TOKENS[k] for k in ("fake_image_token", "image_token",
                                                                               "end_of_utterance_token")],
                  "model_max_length": 8192, "clean_up_tokenization_spaces": False})
@@ -128,7 +129,8 @@ def save_weights(out: Path, weights: Mapping[str, torch.Tensor], train_meta: Map
 def write_readme(out: Path, meta: Mapping[str, object]) -> None:
     """README.md of a trained checkpoint: what it is and how it was made (the run's record)."""
     r = dict(meta.get("recipe", {}))
-    lines = [f"# SmolVLA trained by edgefm-vla train ({meta.get('arch') or 'fine-tuned from ' + str(meta.get('init'))})",
+    origin = meta.get("arch") or f"fine-tuned from {meta.get('init')}"
+    lines = [f"# SmolVLA trained by edgefm-vla train ({origin})",
              "", "Trained from demonstrations with LeRobot SmolVLA's flow-matching objective on the edgefm runtime's",
              "own modules (edgefm_ros/training). LeRobot layout: the Engine and LeRobot 0.4.4 load it as is",
              "(vision position ids: see edgefm_numerics.json).", "",
@@ -136,7 +138,8 @@ def write_readme(out: Path, meta: Mapping[str, object]) -> None:
              f"- dataset: {meta.get('dataset', '?')} ({meta.get('frames')} frames, {meta.get('episodes')} episodes)",
              f"- tasks: {', '.join(map(str, meta.get('tasks', [])))}",
              f"- parameters: {meta.get('parameters')}",
-             f"- steps: {meta.get('step')} x batch {r.get('batch_size')}, AdamW lr {r.get('lr')} (betas {r.get('betas')}, "
+             f"- steps: {meta.get('step')} x batch {r.get('batch_size')}, AdamW lr {r.get('lr')} "
+             f"(betas {r.get('betas')}, "
              f"weight decay {r.get('weight_decay')}), warm-up {int(r.get('steps', 0) * r.get('warmup_fraction', 0))} "
              f"steps then cosine to {r.get('decay_lr')}, grad clip {r.get('grad_clip_norm')}, seed {r.get('seed')}, "
              f"{r.get('threads')} threads",

@@ -78,7 +78,8 @@ class TrainConfig:
             if self.chunk_size is not None and self.n_action_steps > self.chunk_size:
                 raise ValueError(f"n_action_steps {self.n_action_steps} exceeds chunk_size {self.chunk_size}")
         if self.vision_position_ids not in VISION_POSITION_IDS:
-            raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_IDS}, got {self.vision_position_ids!r}")
+            raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_IDS}, "
+                             f"got {self.vision_position_ids!r}")
 
     @property
     def warmup_steps(self) -> int:

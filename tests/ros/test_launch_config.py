@@ -1,5 +1,6 @@
-"""Launch files and parameter files, checked structurally (``ros2 launch`` cannot run here): the
-executables they start are installed, the parameter files parse and hold only declared, valid parameters."""
+"""Launch files and parameter files, checked without running them (tests/ros/test_launch_graph.py runs
+them with ``ros2 launch``): the graph and its arguments, the executables are installed, the parameter files
+parse and hold only declared, valid parameters."""
 from __future__ import annotations
 
 import ast
@@ -10,6 +11,7 @@ import yaml
 
 from edgefm_ros.ros import action_params, vla_params
 from edgefm_ros.ros.params import ParamSpec, unknown_in_params_file, validate
+from skips import require_module
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = sorted((REPO / "launch").glob("*.launch.py"))
@@ -32,15 +34,49 @@ def test_launch_files_exist():
     assert {p.name for p in LAUNCH} >= {"edgefm.launch.py", "replay.launch.py"}
 
 
-def test_launch_files_start_our_executables_with_a_params_file():
-    path = REPO / "launch" / "edgefm.launch.py"  # the one place the node graph is defined
-    nodes = [c for c in _calls(path) if getattr(c.func, "id", "") in ("Node", "LifecycleNode")]
-    execs = {_kw(c, "executable") for c in nodes}
-    assert {"vla_node", "action_node", "router_node"} <= execs
-    assert all(_kw(c, "package") == "edgefm_ros" for c in nodes)
-    assert all(any(k.arg == "parameters" for k in c.keywords) for c in nodes), "a node without parameters"
-    lifecycle = {_kw(c, "executable") for c in nodes if c.func.id == "LifecycleNode"}
-    assert lifecycle == {"vla_node", "action_node"}
+def _context(**values):
+    from launch import LaunchContext
+
+    from edgefm_ros.ros.launch_args import ARGS
+
+    ctx = LaunchContext()
+    ctx.launch_configurations.update({a.name: a.default for a in ARGS})
+    ctx.launch_configurations.update(values)
+    return ctx
+
+
+def test_launch_graph_starts_our_executables_and_applies_the_arguments():
+    """The graph edgefm.launch.py starts (edgefm_ros/ros/launch_args.py), evaluated with the launch API:
+    lifecycle vla_node and action_node, router_node when use_router, our package, the params file, exit
+    with the launcher; a non-empty argument overrides its parameter, an empty one keeps the file's."""
+    require_module("launch_ros")
+    from launch_ros.actions import LifecycleNode
+
+    from edgefm_ros.ros.launch_args import graph_nodes, overrides
+    from edgefm_ros.ros.spin import EXIT_WITH_PARENT_ENV
+
+    ctx = _context(params_file="/p.yaml", checkpoint="/models/ckpt", mode="fast",
+                   camera_topics="[/wrist/image_raw/compressed, /top/image_raw]", autostart="false")
+    nodes = graph_nodes(ctx)
+    assert [(n.node_executable, isinstance(n, LifecycleNode)) for n in nodes] == [
+        ("vla_node", True), ("action_node", True), ("router_node", False)]
+    assert all(n.node_package == "edgefm_ros" for n in nodes)
+    from launch.utilities import perform_substitutions
+
+    envs = [{perform_substitutions(ctx, k): perform_substitutions(ctx, v) for k, v in n.additional_env} for n in nodes]
+    assert all(e.get(EXIT_WITH_PARENT_ENV) == "1" for e in envs), envs
+    cams = ["/wrist/image_raw/compressed", "/top/image_raw"]
+    assert overrides(ctx, "vla_node") == {"checkpoint": "/models/ckpt", "mode": "fast", "camera_topics": cams,
+                                          "autostart": False}
+    assert overrides(ctx, "action_node") == {"autostart": False}
+    assert overrides(ctx, "router_node") == {"camera_topics": cams}
+    assert overrides(_context(params_file="/p.yaml"), "vla_node") == {}  # empty arguments: the file decides
+    assert [n.node_executable for n in graph_nodes(_context(params_file="/p.yaml", use_router="false"))] == [
+        "vla_node", "action_node"]
+    with pytest.raises(ValueError, match="use_router"):
+        graph_nodes(_context(params_file="/p.yaml", use_router="maybe"))
+    with pytest.raises(ValueError, match="autostart"):
+        overrides(_context(params_file="/p.yaml", autostart="yes please"), "vla_node")
 
 
 @pytest.mark.parametrize("path", LAUNCH, ids=lambda p: p.name)

@@ -46,7 +46,8 @@ def test_replay_launch_comes_up_commands_at_rate_and_sigint_ends_all(launch_read
                                            "use_router": "true", "play_delay_s": "2.0"}, tmp_path / "launch.log")
     try:
         g.wait_ready(("vla_node", "action_node", "router_node"), timeout=90)
-        states = {n: obs.wait(n, lambda v: v.get("state") == "active").get("state") for n in ("vla_node", "action_node")}
+        states = {n: obs.wait(n, lambda v: v.get("state") == "active").get("state")
+                  for n in ("vla_node", "action_node")}
         time.sleep(6.0)  # the bag starts 2 s after launch; the first chunk follows
         started = g.started()
     finally:

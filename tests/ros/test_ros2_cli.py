@@ -155,17 +155,18 @@ def test_topic_pub_with_default_qos_reaches_every_subscription(graph):
 
 def test_topic_echo_and_hz_read_every_published_topic(graph, short_bag):
     g, obs, tmp = graph
-    player = subprocess.Popen(["edgefm-bag", "play", short_bag], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    player = subprocess.Popen(["edgefm-bag", "play", "--loop", short_bag], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT)
     try:
-        obs.wait("vla_node", lambda v: int(v.get("chunks", "0")) >= 2)
+        assert int(obs.wait("vla_node", lambda v: int(v.get("chunks", "0")) >= 2, timeout=30).get("chunks", 0)) >= 2
         topics = ["/edgefm/action_chunk", "/edgefm/queue_status", COMMAND_TOPIC, "/edgefm/route", "/diagnostics"]
         echos = {t: subprocess.Popen(["ros2", "topic", "echo", "--once", t], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True) for t in topics}
-        rate = topic_hz(COMMAND_TOPIC, seconds=4.0)
-        out = {t: p.communicate(timeout=30)[0] for t, p in echos.items()}
+        out = {t: p.communicate(timeout=60)[0] for t, p in echos.items()}
+        rate = topic_hz(COMMAND_TOPIC, seconds=8.0)
     finally:
-        player.terminate()
-        player.wait(10)
+        player.send_signal(signal.SIGINT)
+        assert player.wait(15) == 0
     assert "actions:" in out["/edgefm/action_chunk"] and "sequence:" in out["/edgefm/action_chunk"]
     assert "queue_size:" in out["/edgefm/queue_status"]
     assert "name:" in out[COMMAND_TOPIC] and "position:" in out[COMMAND_TOPIC]

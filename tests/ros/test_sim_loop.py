@@ -152,7 +152,7 @@ def test_closed_loop_with_the_trained_checkpoint(sim, tmp_path, ros_domain_id):
     from edgefm_ros.tools.sim_ros import run_ros
 
     seeds = list(EVAL_SEEDS[:4])
-    rr = run_ros(str(TRAINED), [f"reach:{s}" for s in seeds], out_dir=tmp_path, domain_id=ros_domain_id,
+    rr = run_ros(str(TRAINED), [f"drawer-open:{s}" for s in seeds], out_dir=tmp_path, domain_id=ros_domain_id,
                  progress=None)
     r = rr.report
     assert r["episodes"] == len(seeds)

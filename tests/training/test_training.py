@@ -205,7 +205,8 @@ def test_gradients_reach_every_trained_weight(trained, demos):
         flow_loss(model.velocity(batch.inputs, x, t), u, batch.is_pad, 4).backward()
     last = ck.config.num_vlm_layers - 1
     # never read by SmolVLA: the text model's final norm, the last VLM layer's query and output half
-    unread = ("text_model.norm.weight", f"text_model.layers.{last}.self_attn.o_proj", f"text_model.layers.{last}.self_attn.q_proj",
+    unread = ("text_model.norm.weight", f"text_model.layers.{last}.self_attn.o_proj",
+              f"text_model.layers.{last}.self_attn.q_proj",
               f"text_model.layers.{last}.mlp", f"text_model.layers.{last}.post_attention_layernorm")
     missing = [k for k in model.keys if not any(u in k for u in unread)
                and (model.params[model.names[k]].grad is None
@@ -219,7 +220,8 @@ def test_overfit_loss_decreases_and_logs_progress(trained):
     steps = [ln for ln in lines if ln.startswith("step ")]
     assert len(steps) == 4 and all("steps/s" in ln and "ETA" in ln and "loss" in ln for ln in steps)
     assert any("saved checkpoint (step 20)" in ln for ln in lines)
-    assert any("1 failed episode(s) left out" in ln for ln in lines) and any("60 frames, 5 episodes" in ln for ln in lines)
+    assert any("1 failed episode(s) left out" in ln for ln in lines)
+    assert any("60 frames, 5 episodes" in ln for ln in lines)
 
 
 def test_checkpoint_round_trip_in_engine(trained, demos):

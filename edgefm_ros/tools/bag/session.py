@@ -1,6 +1,10 @@
-"""A replay session: the node executables as real processes (``--ros-args --params-file``), a bag replayed
-into their inputs and their outputs recorded, all on one ROS domain. Used by the demo, the integration
-and fault tests, and the benchmark (``ros2 launch`` and ``ros2 bag`` are not available here).
+"""A replay session: the node graph, a bag replayed into its inputs and its outputs recorded, all on one ROS
+domain. Used by the demo, the integration and fault tests, and the benchmark.
+
+The graph (vla_node, action_node, router_node) starts with ``ros2 launch edgefm_ros edgefm.launch.py
+params_file:=...`` where ``ros2 launch`` is installed, else each node executable as a process with
+``--ros-args --params-file`` (nodes outside that graph, and nodes given an environment of their own, always
+start as processes). ``start_node`` after ``stop_node`` (fault tests) restarts a node as a process.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from typing import Mapping, Sequence
 
 import yaml
 
+# the nodes edgefm.launch.py starts
+LAUNCH_GRAPH = ("vla_node", "action_node", "router_node")
 OUTPUT_TOPICS = ("edgefm/action_chunk", "edgefm/queue_status", "edgefm/route", "/diagnostics")
 
 
@@ -50,12 +56,14 @@ def installed_executable(name: str) -> Path | None:
 
 
 class ReplaySession:
-    """Context manager; everything it writes goes under ``workdir`` (params.yaml, <node>.log, record/).
-    ``node_env``: extra environment per node (e.g. vla_node's EDGEFM_CLOUD_TOKEN: never in params.yaml)."""
+    """Context manager; everything it writes goes under ``workdir`` (params.yaml, <node>.log or launch.log,
+    record/). ``node_env``: extra environment per node (e.g. vla_node's EDGEFM_CLOUD_TOKEN: never in
+    params.yaml; such nodes start as processes). ``launch``: start the graph with ``ros2 launch`` (None:
+    where it is installed)."""
 
     def __init__(self, workdir: str | Path, params: Mapping[str, Mapping], nodes: Sequence[str],
                  domain_id: int, record_topics: Sequence[str] = OUTPUT_TOPICS, storage: str = "sqlite3",
-                 node_env: Mapping[str, Mapping[str, str]] | None = None):
+                 node_env: Mapping[str, Mapping[str, str]] | None = None, launch: bool | None = None):
         if not 0 <= domain_id <= 101:
             raise ValueError(f"domain_id must be in 0..101, got {domain_id}")
         self.workdir = Path(workdir)
@@ -67,6 +75,13 @@ class ReplaySession:
         self.record_path = self.workdir / "record"
         self._diag: dict[str, dict] = {}  # node name -> latest diagnostic values
         self._diag_lock = threading.Lock()
+        graph = [n for n in self.nodes if n in LAUNCH_GRAPH and n not in self.node_env]
+        if launch is None:
+            from edgefm_ros.tools.launch_cycles import ros2_launch_available
+
+            launch = {"vla_node", "action_node"} <= set(graph) and ros2_launch_available()
+        self.launched_nodes = tuple(graph) if launch else ()
+        self.launched = None  # launch_cycles.LaunchedGraph once started
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     def __enter__(self) -> "ReplaySession":
@@ -92,8 +107,16 @@ class ReplaySession:
         self.executor.add_node(self.node)
         self._spin = threading.Thread(target=self._spin_loop, daemon=True)
         self._spin.start()
+        if self.launched_nodes:
+            from edgefm_ros.tools.launch_cycles import LaunchedGraph
+
+            self.launched = LaunchedGraph("edgefm.launch.py", {
+                "params_file": str(self.params_file),
+                "use_router": str("router_node" in self.launched_nodes).lower()},
+                self.workdir / "launch.log", {"ROS_DOMAIN_ID": str(self.domain_id)})
         for name in self.nodes:
-            self.start_node(name)
+            if name not in self.launched_nodes:
+                self.start_node(name)
         return self
 
     def _spin_loop(self) -> None:
@@ -110,7 +133,15 @@ class ReplaySession:
         log.close()
         return self.procs[name]
 
+    def _launched_pid(self, name: str) -> int | None:
+        if self.launched is None or name in self.procs or name not in self.launched_nodes:
+            return None
+        return self.launched.started().get(name)
+
     def stop_node(self, name: str, sig: int = signal.SIGINT, timeout: float = 10.0) -> int | None:
+        pid = self._launched_pid(name)
+        if pid is not None:
+            return self._stop_launched(name, pid, sig, timeout)
         p = self.procs.get(name)
         if p is None or p.poll() is not None:
             return None if p is None else p.returncode
@@ -121,9 +152,27 @@ class ReplaySession:
             p.kill()
             return p.wait(5)
 
+    def _stop_launched(self, name: str, pid: int, sig: int, timeout: float) -> int | None:
+        """Signal a node ``ros2 launch`` started; its exit code as launch reports it."""
+        from edgefm_ros.tools.launch_cycles import _alive
+
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and pid not in self.launched.reported_exits():
+            time.sleep(0.05)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+        return self.launched.reported_exits().get(pid)
+
     def __exit__(self, *exc) -> None:
         for name in list(self.procs):
             self.stop_node(name)
+        if self.launched is not None:
+            self.launch_result = self.launched.stop(signal.SIGINT, "launch", bound_s=15.0)
         time.sleep(0.3)
         self.recorder.close()
         self.executor.shutdown(timeout_sec=1.0)
@@ -163,10 +212,18 @@ class ReplaySession:
 
         if not self.wait_for(done, timeout) or not ready():
             dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+            if self.launched is not None:
+                codes = self.launched.reported_exits()
+                dead.update({n: codes[p] for n, p in self.launched.started().items() if p in codes})
             lag = [n for n in nodes if self.diagnostics(n).get("state") != "active"]
             raise RuntimeError(f"nodes {lag} not active (exited with codes {dead}); logs in {self.workdir}")
 
     def alive(self, name: str) -> bool:
+        if self.launched is not None and name in self.launched_nodes and name not in self.procs:
+            from edgefm_ros.tools.launch_cycles import _alive
+
+            pid = self.launched.started().get(name)
+            return self.launched.running() if pid is None else _alive(pid)  # None: launch is starting it
         p = self.procs.get(name)
         return p is not None and p.poll() is None
 

@@ -1,0 +1,195 @@
+"""Every node exits 0 on SIGINT and on SIGTERM in every lifecycle state: unconfigured, inactive, active,
+during inference, and with a cloud call in flight. Each case runs the installed node executable as a
+process (autostart false), drives its lifecycle over the real change_state service, sends the signal and
+checks the exit code, the bound, and that the node said why it stopped."""
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from replay_helpers import CAMERAS, JOINTS, node_params
+
+BOUND_S = 12.0  # signal -> exit (launch would send SIGTERM after 5 s and SIGKILL after 10 s)
+RNG = np.random.default_rng()
+
+
+class Driver:
+    """A test node: lifecycle transitions of the node under test, and its inputs."""
+
+    def __init__(self, domain_id: int):
+        import rclpy
+        from rclpy.context import Context
+        from rclpy.executors import SingleThreadedExecutor
+        from sensor_msgs.msg import CompressedImage, Image, JointState
+        from std_msgs.msg import String
+
+        from edgefm_ros.msg import QueueStatus, RouteDecision
+        from edgefm_ros.ros import qos
+        from edgefm_ros.ros.spin import spin_until_shutdown
+
+        self.context = Context()
+        rclpy.init(context=self.context, domain_id=domain_id)
+        self.node = rclpy.create_node("edgefm_shutdown_driver", context=self.context)
+        self.pubs = {"image": self.node.create_publisher(Image, CAMERAS[0], qos.SENSOR),
+                     "jpeg": self.node.create_publisher(CompressedImage, CAMERAS[1], qos.SENSOR),
+                     "state": self.node.create_publisher(JointState, "/joint_states", qos.SENSOR),
+                     "task": self.node.create_publisher(String, "/instruction", qos.LATCHED),
+                     "status": self.node.create_publisher(QueueStatus, "edgefm/queue_status", qos.RELIABLE),
+                     "route": self.node.create_publisher(RouteDecision, "edgefm/route", qos.RELIABLE)}
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._thread = threading.Thread(target=spin_until_shutdown, args=(self.executor, self.context), daemon=True)
+        self._thread.start()
+
+    def transition(self, node: str, label: str, timeout: float = 60.0) -> bool:
+        from lifecycle_msgs.msg import Transition
+        from lifecycle_msgs.srv import ChangeState
+
+        ids = {"configure": Transition.TRANSITION_CONFIGURE, "activate": Transition.TRANSITION_ACTIVATE}
+        client = self.node.create_client(ChangeState, f"/{node}/change_state")
+        try:
+            assert client.wait_for_service(timeout_sec=timeout), f"/{node}/change_state not offered"
+            future = client.call_async(ChangeState.Request(transition=Transition(id=ids[label])))
+            end = time.monotonic() + timeout
+            while not future.done() and time.monotonic() < end:
+                time.sleep(0.05)
+            return bool(future.done() and future.result().success)
+        finally:
+            self.node.destroy_client(client)
+
+    def wait_up(self, node: str, timeout: float = 60.0) -> None:
+        """Until the node offers its lifecycle services (built, spinning: its signal handlers are set)."""
+        from lifecycle_msgs.srv import GetState
+
+        client = self.node.create_client(GetState, f"/{node}/get_state")
+        try:
+            assert client.wait_for_service(timeout_sec=timeout), f"/{node}/get_state not offered"
+        finally:
+            self.node.destroy_client(client)
+
+    def observation_and_request(self, route: str = "") -> None:
+        """Fresh camera frames, a joint state, the task, a route decision (when given) and a must-go chunk
+        request, a few times (best-effort sensor topics)."""
+        import cv2
+        from sensor_msgs.msg import CompressedImage, Image, JointState
+        from std_msgs.msg import String
+
+        from edgefm_ros.msg import QueueStatus, RouteDecision
+
+        self.pubs["task"].publish(String(data="pick up the cube"))
+        for _ in range(5):
+            stamp = self.node.get_clock().now().to_msg()
+            px = RNG.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+            im = Image(height=48, width=64, encoding="rgb8", step=192, data=px.tobytes())
+            im.header.stamp = stamp
+            self.pubs["image"].publish(im)
+            jpg = CompressedImage(format="jpeg", data=cv2.imencode(".jpg", px)[1].tobytes())
+            jpg.header.stamp = stamp
+            self.pubs["jpeg"].publish(jpg)
+            js = JointState(name=list(JOINTS), position=RNG.uniform(-1, 1, len(JOINTS)).tolist())
+            js.header.stamp = stamp
+            self.pubs["state"].publish(js)
+            if route:
+                rd = RouteDecision(target=route, candidate=f"{route}-test", reason="test")
+                rd.header.stamp = stamp
+                self.pubs["route"].publish(rd)
+            time.sleep(0.05)
+        st = QueueStatus(request_chunk=True, must_go=True)
+        st.header.stamp = self.node.get_clock().now().to_msg()
+        self.pubs["status"].publish(st)
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=1.0)
+        self.node.destroy_node()
+        self.context.try_shutdown()
+        self._thread.join(timeout=2.0)
+
+
+class SilentServer:
+    """A TCP server that accepts connections and never answers: a cloud call stays in flight."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self) -> None:
+        for c in self.accepted:
+            c.close()
+        self.sock.close()
+
+
+CASES = [("vla_node", "unconfigured", signal.SIGINT), ("vla_node", "inactive", signal.SIGTERM),
+         ("vla_node", "active", signal.SIGINT), ("vla_node", "inference", signal.SIGTERM),
+         ("vla_node", "cloud_call", signal.SIGINT),
+         ("action_node", "unconfigured", signal.SIGTERM), ("action_node", "inactive", signal.SIGINT),
+         ("action_node", "active", signal.SIGTERM)]
+
+
+@pytest.mark.parametrize("name,state,sig", CASES, ids=[f"{n}-{s}-{g.name}" for n, s, g in CASES])
+def test_node_exits_0_on_signal_in_every_state(ros, tiny_model, tmp_path, ros_domain_id, name, state, sig):
+    from edgefm_ros.tools.bag.session import node_command, params_yaml
+
+    params = node_params(tiny_model)
+    for p in params.values():
+        p["autostart"] = False
+    server = SilentServer() if state == "cloud_call" else None
+    if state == "inference":
+        params["vla_node"]["inference_delay_ms"] = 4000.0  # a slow model: the chunk is in hand for 4 s
+    if server is not None:
+        params["vla_node"].update(cloud_url=f"http://127.0.0.1:{server.port}", cloud_deadline_s=30.0)
+    (tmp_path / "params.yaml").write_text(params_yaml({name: params[name]}))
+    log = open(tmp_path / "node.log", "wb")
+    proc = subprocess.Popen(node_command(name) + ["--ros-args", "--params-file", str(tmp_path / "params.yaml")],
+                            stdout=log, stderr=subprocess.STDOUT, env={**__import__("os").environ,
+                                                                       "EDGEFM_CLOUD_TOKEN": "test-token"})
+    driver = Driver(ros_domain_id)
+    try:
+        driver.wait_up(name)
+        if state != "unconfigured":
+            assert driver.transition(name, "configure")
+        if state not in ("unconfigured", "inactive"):
+            assert driver.transition(name, "activate")
+        if state in ("inference", "cloud_call"):
+            driver.observation_and_request("cloud" if state == "cloud_call" else "")
+            time.sleep(1.0)
+        if server is not None:
+            end = time.monotonic() + 10
+            while not server.accepted and time.monotonic() < end:
+                time.sleep(0.05)
+            assert server.accepted, "vla_node made no cloud call"
+        assert proc.poll() is None, f"{name} exited early: {(tmp_path / 'node.log').read_text()}"
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        rc = proc.wait(BOUND_S + 5)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+        driver.close()
+        if server is not None:
+            server.close()
+    text = (tmp_path / "node.log").read_text()
+    assert rc == 0, f"{name} in state {state}: exit {rc} after {sig.name}\n{text[-3000:]}"
+    assert took < BOUND_S, f"{name} took {took:.1f}s to exit"
+    assert f"{sig.name}: shutting down" in text
+    if state == "inference":
+        assert "observation refused" not in text, text[-2000:]  # the request was taken: inference in hand
