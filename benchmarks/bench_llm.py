@@ -26,6 +26,7 @@ import torch
 
 from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig, SamplingConfig
 from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
+from edgefm_ros.runtime.modes import MODES
 
 DEFAULT_DRAFT = str(Path(__file__).resolve().parents[1] / "config" / "drafts" / "smollm2-135m-eagle3.safetensors")
 
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=3, help="chain length")
     ap.add_argument("--tree-nodes", type=int, default=6)
     ap.add_argument("--tree-depth", type=int, default=4)
-    ap.add_argument("--spec-modes", nargs="+", default=["exact", "fast"], choices=["exact", "fast"],
+    ap.add_argument("--spec-modes", nargs="+", default=["exact", "fast"], choices=MODES,
                     help="engine modes of the speculative runs (the draft itself is fp32)")
     ap.add_argument("--temperature", type=float, default=0.7, help="of the sampled speculative runs")
     ap.add_argument("--skip", action="append", default=[], choices=["decode", "prefix", "spec", "int8"])

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from edgefm_ros.runtime.engine import Engine
-from edgefm_ros.runtime.resolver import tuned_table_path
 from edgefm_ros.runtime.hardware import detect
+from edgefm_ros.runtime.modes import TUNABLE
+from edgefm_ros.runtime.resolver import tuned_table_path
 
 
 def parse_args(argv=None):
@@ -28,7 +29,7 @@ def parse_args(argv=None):
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--vlm", default=None)
     ap.add_argument("--table", default=None, help="tuned table (default: config/dispatch/<hw_profile>.yaml)")
-    ap.add_argument("--mode", default="fast", choices=("exact", "fast"))
+    ap.add_argument("--mode", default="fast", choices=TUNABLE)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from edgefm_ros.routing.config import router_config_from_dict
 from edgefm_ros.routing.log import read_log, record_from_dict
-from edgefm_ros.runtime.dispatch import TABLE_DIR, DispatchError, parse_records
-from edgefm_ros.runtime.skills import SkillError, builtin_dir, parse_skill
+from edgefm_ros.runtime.dispatch import TABLE_DIR, DispatchError, load_table, parse_records
+from edgefm_ros.runtime.skills import SkillError, builtin_dir, load_skill, parse_skill
 
 ROOT = Path(__file__).resolve().parents[2]
 leaf = (st.none() | st.booleans() | st.integers(-2 ** 65, 2 ** 65) | st.floats() | st.text(max_size=8)
@@ -119,3 +119,21 @@ def test_fuzz_router_log_files(tmp_path_factory, lines):
         assert str(p) in str(e) or "log record" in str(e)
         return
     assert all(r.candidate == "edge" for r in records)
+
+
+@given(blob=st.binary(max_size=120) | st.text(max_size=120).map(str.encode)
+       | st.sampled_from(TABLES).map(lambda d: yaml.safe_dump(d).encode()), cut=st.integers(0, 400))
+def test_fuzz_table_and_manifest_files(tmp_path_factory, blob, cut):
+    """Whole files, bytes cut or invented: YAML and UTF-8 errors included, each is the documented error."""
+    path = tmp_path_factory.mktemp("yaml") / "t.yaml"
+    path.write_bytes(blob[:cut])
+    try:
+        load_table(path)
+    except DispatchError as e:
+        event("table refused")
+        assert "t.yaml" in str(e)
+    try:
+        load_skill(path)
+    except SkillError as e:
+        event("manifest refused")
+        assert "t.yaml" in str(e)

@@ -47,21 +47,47 @@ class Driver:
         self._thread = threading.Thread(target=spin_until_shutdown, args=(self.executor, self.context), daemon=True)
         self._thread.start()
 
+    def _call(self, srv_type, service: str, request, timeout: float):
+        """One service call; None when no answer came within ``timeout`` (a reply sent before the client's
+        reply reader was discovered is lost: the caller asks again)."""
+        client = self.node.create_client(srv_type, service)
+        try:
+            if not client.wait_for_service(timeout_sec=timeout):
+                return None
+            future = client.call_async(request)
+            end = time.monotonic() + timeout
+            while not future.done() and time.monotonic() < end:
+                time.sleep(0.05)
+            return future.result() if future.done() else None
+        finally:
+            self.node.destroy_client(client)
+
+    def state(self, node: str, timeout: float = 30.0) -> str:
+        from lifecycle_msgs.srv import GetState
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            r = self._call(GetState, f"/{node}/get_state", GetState.Request(), 5.0)
+            if r is not None:
+                return r.current_state.label
+        return ""
+
     def transition(self, node: str, label: str, timeout: float = 60.0) -> bool:
+        """Configure or activate ``node``; True once it is in the state the transition leads to."""
         from lifecycle_msgs.msg import Transition
         from lifecycle_msgs.srv import ChangeState
 
         ids = {"configure": Transition.TRANSITION_CONFIGURE, "activate": Transition.TRANSITION_ACTIVATE}
-        client = self.node.create_client(ChangeState, f"/{node}/change_state")
-        try:
-            assert client.wait_for_service(timeout_sec=timeout), f"/{node}/change_state not offered"
-            future = client.call_async(ChangeState.Request(transition=Transition(id=ids[label])))
-            end = time.monotonic() + timeout
-            while not future.done() and time.monotonic() < end:
-                time.sleep(0.05)
-            return bool(future.done() and future.result().success)
-        finally:
-            self.node.destroy_client(client)
+        goal = {"configure": "inactive", "activate": "active"}[label]
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            r = self._call(ChangeState, f"/{node}/change_state",
+                           ChangeState.Request(transition=Transition(id=ids[label])), 10.0)
+            if r is not None:
+                return bool(r.success)
+            if self.state(node) == goal:  # done, only the answer was lost
+                return True
+        return False
 
     def wait_up(self, node: str, timeout: float = 60.0) -> None:
         """Until the node offers its lifecycle services (built, spinning: its signal handlers are set)."""
