@@ -1,7 +1,9 @@
 """How an arriving action merges with the one already queued for the same tick.
 
 The four functions are LeRobot's async-inference aggregation functions (``old`` is the queued action,
-``new`` the one from the chunk that just arrived), with the same names and weights.
+``new`` the one from the chunk that just arrived), with the same names and weights. ``rtc`` is the merge
+for real-time chunking: the new chunk, guided to continue the queued motion, replaces the queue from the
+first tick not yet executed (ActionQueue counts those ticks as replaced, not aggregated).
 """
 from __future__ import annotations
 
@@ -28,12 +30,18 @@ def conservative(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return 0.7 * old + 0.3 * new
 
 
+def rtc(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    return new
+
+
 AGGREGATE_FUNCTIONS: dict[str, AggregateFn] = {
     "weighted_average": weighted_average,
     "latest_only": latest_only,
     "average": average,
     "conservative": conservative,
+    "rtc": rtc,
 }
+REPLACING = frozenset({"rtc"})  # merges that replace queued ticks instead of blending them
 
 
 def get_aggregate(name: str) -> AggregateFn:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgefm_ros.control.aggregate import get_aggregate
+from edgefm_ros.control.aggregate import REPLACING, get_aggregate
 
 _EPS = 1e-9
 
@@ -53,6 +53,7 @@ class MergeResult:
     latency_s: float  # now - stamp: observation to arrival, measured
     first_tick: int  # first tick scheduled from the chunk (-1 when none)
     stale: bool = False  # observed before the episode started: dropped whole
+    replaced: int = 0  # queued ticks overwritten by the new chunk (the rtc merge)
 
 
 def resample(actions: np.ndarray, stamp: float, dt: float, times: np.ndarray) -> np.ndarray:
@@ -72,6 +73,7 @@ class ActionQueue:
     def __init__(self, grid: TickGrid, aggregate: str = "weighted_average"):
         self.grid = grid
         self._aggregate = get_aggregate(aggregate)
+        self._replace = aggregate in REPLACING
         self._slots: dict[int, tuple[np.ndarray, int]] = {}  # tick -> (action (d,) float64, chunk seq)
         self._last_popped = -1
 
@@ -103,16 +105,18 @@ class ActionQueue:
         ks = np.arange(first, last + 1)
         values = resample(a, stamp, dt, self.grid.time(ks))  # (m, d)
         merged: dict[int, tuple[np.ndarray, int]] = {k: v for k, v in self._slots.items() if k < first}
-        aggregated = 0
+        aggregated = replaced = 0
         for k, v in zip(ks.tolist(), values):
             old = self._slots.get(k)
-            if old is not None and old[0].shape == v.shape:
+            if old is not None and self._replace:
+                replaced += 1
+            elif old is not None and old[0].shape == v.shape:
                 v = self._aggregate(old[0], v)
                 aggregated += 1
             merged[k] = (v, seq)
         dropped = sum(1 for k in self._slots if k > last)
         self._slots = merged
-        return MergeResult(len(ks), skipped, aggregated, dropped, latency, first)
+        return MergeResult(len(ks), skipped, aggregated, dropped, latency, first, replaced=replaced)
 
     def pop(self, tick: int) -> tuple[np.ndarray, int] | None:
         """The action for ``tick`` (and its chunk seq), or None; ticks before it are discarded."""

@@ -1,8 +1,12 @@
 """action_node: the control loop. Keeps the action queue, publishes one command per tick, holds when empty.
 
-Lifecycle: configure creates the publishers and the chunk subscription; activate starts the control thread
-(absolute deadlines on the monotonic clock, not an rclpy timer: a timer shares the executor with the
-subscriptions); deactivate stops it and publishes the last commanded position once more (safe stop).
+Lifecycle: configure creates the publishers and the chunk subscription (and ``_release`` undoes all of it: a
+failed configure, cleanup, an error, shutdown); activate starts the control thread (absolute deadlines on the
+monotonic clock, not an rclpy timer: a timer shares the executor with the subscriptions) and, with
+realtime_priority, puts the executor thread on SCHED_FIFO; deactivate stops the thread, puts the executor
+thread's scheduling back and publishes the last commanded position once more (safe stop). A control thread
+that does not end within ``stop_timeout_s`` is kept, not forgotten: the transition errs and the node ends
+finalized (error processing), since nothing the thread uses may be released.
 """
 from __future__ import annotations
 
@@ -31,10 +35,12 @@ from edgefm_ros.ros import qos
 from edgefm_ros.ros.action_params import NODE_NAME, PARAMS, ActionNodeConfig, make_config
 from edgefm_ros.ros.convert import msg_to_chunk, to_sec, to_stamp
 from edgefm_ros.ros.params import declare
+from edgefm_ros.ros.realtime import FifoScope, join_within
 from edgefm_ros.ros.spin import run_node
 
 COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
                "joint_state": JointState}
+STOP_TIMEOUT_S = 5.0  # a transition waits this long for the control thread to end (it ends within a tick)
 
 
 def command_msg(kind: str, names: tuple[str, ...], positions, stamp, period: float):
@@ -64,6 +70,9 @@ class ActionNode(LifecycleNode):
         self._thread: threading.Thread | None = None
         self._active = False
         self._realtime = False  # the control thread runs SCHED_FIFO (realtime_priority applied)
+        self.executor_rt = FifoScope()  # the executor thread's SCHED_FIFO while active, and what it had before
+        self.stop_timeout_s = STOP_TIMEOUT_S
+        self._cmd_pub = self._status_pub = self._chunk_sub = self._episode_sub = None  # made at configure
         self._holding_reason = "not active"
         self._bad_chunks: list[str] = []
         self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
@@ -75,30 +84,39 @@ class ActionNode(LifecycleNode):
 
     # lifecycle -------------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        try:
-            self.cfg = make_config(self.values)
-        except ValueError as e:
+        try:  # everything the node holds while configured is acquired here and released by _release
+            self.cfg = c = make_config(self.values)
+            self.core = ControlCore(c.period, c.aggregate, c.chunk_size_threshold, c.joint_names)
+            self.ticks = TickStats(c.period)
+            self._cmd_pub = self.create_lifecycle_publisher(COMMAND_MSG[c.command_type], c.command_topic,
+                                                            qos.RELIABLE)
+            self._status_pub = self.create_lifecycle_publisher(QueueStatus, c.queue_status_topic, qos.RELIABLE)
+            self._chunk_sub = self.create_subscription(ActionChunkMsg, c.chunk_topic, self._on_chunk, qos.RELIABLE)
+            if c.episode_start_topic:
+                self._episode_sub = self.create_subscription(Header, c.episode_start_topic, self._on_episode_start,
+                                                             qos.RELIABLE)
+        except Exception as e:  # bad parameters or topic names: stay unconfigured, holding nothing
             self.get_logger().error(f"configure failed: {e}")
+            self._release()
             return TransitionCallbackReturn.FAILURE
-        c = self.cfg
-        self.core = ControlCore(c.period, c.aggregate, c.chunk_size_threshold, c.joint_names)
-        self.ticks = TickStats(c.period)
-        self._cmd_pub = self.create_lifecycle_publisher(COMMAND_MSG[c.command_type], c.command_topic, qos.RELIABLE)
-        self._status_pub = self.create_lifecycle_publisher(QueueStatus, c.queue_status_topic, qos.RELIABLE)
-        self._chunk_sub = self.create_subscription(ActionChunkMsg, c.chunk_topic, self._on_chunk, qos.RELIABLE)
-        self._episode_sub = self.create_subscription(Header, c.episode_start_topic, self._on_episode_start,
-                                                     qos.RELIABLE) if c.episode_start_topic else None
         self.get_logger().info(f"configured: {c.control_rate_hz:g} Hz, {c.command_type} on {c.command_topic}, "
                                f"aggregate {c.aggregate}, threshold {c.chunk_size_threshold:g}")
         return super().on_configure(state)
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if self._thread is not None:  # a control thread that never ended (see _stop_loop): not a second one
+            self.get_logger().error("activate refused: the previous control thread is still running")
+            return TransitionCallbackReturn.FAILURE
         ret = super().on_activate(state)
         if self.cfg.realtime_priority > 0:
             # the executor thread (this one) holds the GIL while merging chunks: give it real-time priority
             # just below the control thread's, so it is never preempted by other processes while the control
-            # thread waits for the GIL (priority inversion)
-            self._set_realtime(max(1, self.cfg.realtime_priority - 1), "executor thread")
+            # thread waits for the GIL (priority inversion); deactivate puts its scheduling back
+            p = max(1, self.cfg.realtime_priority - 1)
+            try:
+                self.executor_rt.apply(p)
+            except OSError as e:
+                self.get_logger().warning(f"realtime priority {p} not applied to the executor thread: {e}")
         gc.freeze()  # objects made so far are never scanned again: short collections while running
         self._stop.clear()
         self.ticks = TickStats(self.cfg.period)
@@ -109,7 +127,11 @@ class ActionNode(LifecycleNode):
         return ret
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_loop()
+        stopped = self._stop_loop()
+        self._restore_executor_scheduling()
+        if not stopped:  # publishers off (a thread that wakes up publishes nothing), then error processing
+            super().on_deactivate(state)
+            return TransitionCallbackReturn.ERROR
         cmd = self.core.hold()
         if cmd.positions is not None and self.context.ok():
             self._cmd_pub.publish(self._command(cmd))
@@ -118,28 +140,75 @@ class ActionNode(LifecycleNode):
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_loop()
-        self.destroy_subscription(self._chunk_sub)
-        if self._episode_sub is not None:
-            self.destroy_subscription(self._episode_sub)
-        self.destroy_lifecycle_publisher(self._cmd_pub)
-        self.destroy_lifecycle_publisher(self._status_pub)
-        self.core = None
+        if not self._release():
+            return TransitionCallbackReturn.FAILURE
         return super().on_cleanup(state)
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_loop()
+        self._release()
         return super().on_shutdown(state)
 
-    def _stop_loop(self) -> None:
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """After a transition erred: unconfigured with everything released once no control thread runs;
+        finalized (FAILURE) while one still does, holding what it uses."""
+        if not self._release():
+            self.get_logger().error("the control thread is still running: the node is finalized")
+            return TransitionCallbackReturn.FAILURE
+        return super().on_error(state)
+
+    def stop_for_exit(self) -> None:
+        """Before the process exits (run_node): the control thread stopped and joined (within stop_timeout_s;
+        one that does not end is left to the process exit) and the executor thread's scheduling put back."""
+        self._stop_loop()
+        self._restore_executor_scheduling()
+
+    @property
+    def control_thread_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _release(self) -> bool:
+        """Undo configure (and activate): the control thread stopped, the executor thread's scheduling put
+        back, subscriptions and publishers destroyed. False, releasing nothing, while the control thread
+        still runs after ``stop_timeout_s``."""
+        if not self._stop_loop():
+            return False
+        self._restore_executor_scheduling()
+        for sub in (self._chunk_sub, self._episode_sub):
+            if sub is not None:
+                self.destroy_subscription(sub)
+        for pub in (self._cmd_pub, self._status_pub):
+            if pub is not None:
+                self.destroy_lifecycle_publisher(pub)
+        self._cmd_pub = self._status_pub = self._chunk_sub = self._episode_sub = None
+        self.core = None
+        return True
+
+    def _stop_loop(self) -> bool:
+        """Tell the control thread to stop and join it for up to ``stop_timeout_s``, logging an error each
+        second it still runs. True once no control thread runs; one that did not end is kept (not dropped)."""
         self._active = False
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-            if self._thread.is_alive():
-                self.get_logger().error("the control thread did not stop within 2 s")
-            self._thread = None
+        thread = self._thread
+        if thread is None:
+            return True
+        log = self.get_logger()
+        if not join_within(thread, self.stop_timeout_s,
+                           lambda s: log.error(f"the control thread is still running {s:.1f} s after the stop")):
+            log.error(f"the control thread did not stop within {self.stop_timeout_s:g} s")
+            return False
+        self._thread = None
         self._realtime = False
+        return True
+
+    def _restore_executor_scheduling(self) -> None:
+        try:
+            prev = self.executor_rt.restore()
+        except OSError as e:
+            self.get_logger().error(f"the executor thread's scheduling could not be put back: {e}")
+            return
+        if prev is not None:
+            self.get_logger().info(f"executor thread back to scheduling policy {prev.policy}, priority "
+                                   f"{prev.priority}")
 
     # data path -------------------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -225,7 +294,7 @@ class ActionNode(LifecycleNode):
                            "tick_jitter_p50_ms": t["period_error_ms_p50"],
                            "tick_jitter_p99_ms": t["period_error_ms_p99"],
                            "tick_jitter_max_ms": t["period_error_ms_max"], "missed_ticks": int(t["missed_ticks"]),
-                           "realtime": self._realtime,
+                           "realtime": self._realtime, "executor_realtime": self.executor_rt.previous is not None,
                            "queue_depth": st.queue_size, "chunk_ticks": st.chunk_size, "chunks": cnt.chunks,
                            "rejected_chunks": cnt.rejected_chunks, "late_chunks": cnt.late_chunks,
                            "stale_chunks": cnt.stale_chunks,
@@ -251,7 +320,7 @@ class ActionNode(LifecycleNode):
 
 def main(args=None) -> int:
     sys.setswitchinterval(0.0001)  # the control thread must not wait long for the GIL
-    return run_node(ActionNode, NODE_NAME, args, stop=lambda node: node._stop_loop())
+    return run_node(ActionNode, NODE_NAME, args, stop=ActionNode.stop_for_exit)
 
 if __name__ == "__main__":
     sys.exit(main())

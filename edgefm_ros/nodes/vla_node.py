@@ -1,7 +1,9 @@
 """vla_node: cameras + joint states + instruction in, ActionChunk out, one chunk whenever action_node asks.
 
-Lifecycle: configure loads the model (Engine.from_checkpoint) and subscribes; activate warms the engine up
-and starts the worker thread; deactivate stops taking new work; cleanup frees the model.
+Lifecycle: configure loads the model (Engine.from_checkpoint), makes the publishers and the cloud client and
+subscribes, all in one place; ``_release`` undoes all of it, for a failed configure as for cleanup, error
+processing and shutdown (so a configure that failed can simply be tried again); activate warms the engine up
+and starts the worker thread; deactivate stops taking new work.
 Callbacks only validate and cache sensor data; a QueueStatus asking for a chunk puts a snapshot in a
 one-slot buffer that the worker turns into an Observation (or refuses: stale, missing camera, ...).
 The router's latest decision picks edge or cloud; the cloud falls back to the edge on any error or a
@@ -110,6 +112,8 @@ class VlaNode(LifecycleNode):
         self._route: tuple[RouteDecision, float] | None = None  # (decision, received at)
         self._seq = 0
         self._subs: list = []
+        self._chunk_pub = None  # made at configure
+        self._link_pub = None  # made at configure when the node makes its own cloud client
         self._reset_stats()
         self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
         self._diag_timer = self.create_timer(self.values["diagnostics_period_s"], self._publish_diagnostics)
@@ -132,7 +136,7 @@ class VlaNode(LifecycleNode):
     # lifecycle -------------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         log = self.get_logger()
-        try:
+        try:  # everything the node holds while configured is acquired here and released by _release
             self.cfg = c = make_config(self.values)
             from edgefm_ros.runtime.engine import Engine
 
@@ -141,38 +145,37 @@ class VlaNode(LifecycleNode):
                                                  tables=[_expand(t) for t in c.tables], threads=c.threads or None,
                                                  vision_position_ids=c.vision_position_ids)
             self._check_spec(c, self.engine.spec)
-        except Exception as e:  # bad parameters or checkpoint: stay unconfigured, say why
+            spec = self.engine.spec
+            log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras "
+                     f"{list(spec.camera_keys)}, state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}, "
+                     f"vision position ids {self.engine.vision_position_ids}")
+            self.order = JointOrder(c.state_joint_names)
+            self.cache = SensorCache(c.camera_keys)
+            self.cache.put_task(c.default_task, 0.0)
+            self._image_hw = {k: (s[1], s[2]) for k, s in spec.image_shapes.items()}
+            if self.remote is None and c.cloud_url:
+                self._link_pub = self.create_publisher(Float64MultiArray, c.link_sample_topic, qos.RELIABLE)
+                self.remote = make_remote_policy(c, log, LinkSamples(self._link_pub))
+                self._own_remote = self.remote is not None
+            self._chunk_pub = self.create_lifecycle_publisher(ActionChunkMsg, c.chunk_topic, qos.RELIABLE)
+            for topic, key, transport in zip(c.camera_topics, c.camera_keys, c.transports):
+                mtype = CompressedImage if transport == "compressed" else Image
+                self._subs.append(self.create_subscription(
+                    mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR))
+            self._subs += qos.instruction_subscriptions(self, String, c.instruction_topic, self._on_instruction)
+            self._subs += [
+                self.create_subscription(JointState, c.joint_states_topic, self._on_joint_state, qos.SENSOR),
+                self.create_subscription(QueueStatus, c.queue_status_topic, self._on_queue_status, qos.LATEST),
+                self.create_subscription(RouteDecisionMsg, c.route_topic, self._on_route, qos.LATEST),
+            ]
+            self._requester = ChunkRequester(c.merge_timeout_s)
+            try:
+                self._shadow = make_shadow(c, self.engine)
+            except (ValueError, OSError) as e:
+                raise ValueError(f"shadow mode: {e}") from e
+        except Exception as e:  # bad parameters, checkpoint, topic or shadow log: unconfigured, holding nothing
             log.error(f"configure failed: {e}")
-            self.engine = None
-            return TransitionCallbackReturn.FAILURE
-        spec = self.engine.spec
-        log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras {list(spec.camera_keys)}, "
-                 f"state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}, vision position ids "
-                 f"{self.engine.vision_position_ids}")
-        self.order = JointOrder(c.state_joint_names)
-        self.cache = SensorCache(c.camera_keys)
-        self.cache.put_task(c.default_task, 0.0)
-        self._image_hw = {k: (s[1], s[2]) for k, s in spec.image_shapes.items()}
-        if self.remote is None and c.cloud_url:
-            self._link_pub = self.create_publisher(Float64MultiArray, c.link_sample_topic, qos.RELIABLE)
-            self.remote = make_remote_policy(c, log, LinkSamples(self._link_pub))
-            self._own_remote = self.remote is not None
-        self._chunk_pub = self.create_lifecycle_publisher(ActionChunkMsg, c.chunk_topic, qos.RELIABLE)
-        for topic, key, transport in zip(c.camera_topics, c.camera_keys, c.transports):
-            mtype = CompressedImage if transport == "compressed" else Image
-            self._subs.append(self.create_subscription(
-                mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR))
-        self._subs += qos.instruction_subscriptions(self, String, c.instruction_topic, self._on_instruction)
-        self._subs += [
-            self.create_subscription(JointState, c.joint_states_topic, self._on_joint_state, qos.SENSOR),
-            self.create_subscription(QueueStatus, c.queue_status_topic, self._on_queue_status, qos.LATEST),
-            self.create_subscription(RouteDecisionMsg, c.route_topic, self._on_route, qos.LATEST),
-        ]
-        self._requester = ChunkRequester(c.merge_timeout_s)
-        try:
-            self._shadow = make_shadow(c, self.engine)
-        except (ValueError, OSError) as e:
-            log.error(f"configure failed: shadow mode: {e}")
+            self._release()
             return TransitionCallbackReturn.FAILURE
         if self._shadow is not None:
             log.info(f"shadow mode: {c.shadow_fraction:g} of routed requests also run on the other placement; "
@@ -211,21 +214,35 @@ class VlaNode(LifecycleNode):
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return super().on_cleanup(state)
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return super().on_shutdown(state)
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()  # a transition raised: back to unconfigured holding nothing
+        return super().on_error(state)
+
+    def _release(self) -> None:
+        """Undo configure (and activate), whatever part of it was done: the worker stopped, the subscriptions
+        and the chunk publisher destroyed, the cloud client this node made closed before its link publisher
+        goes, the shadow log closed, the model dropped. An injected ``remote`` is the caller's: kept."""
         self._stop_worker()
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs = []
-        self.destroy_lifecycle_publisher(self._chunk_pub)
-        self.engine = None
+        if self._chunk_pub is not None:
+            self.destroy_lifecycle_publisher(self._chunk_pub)
+            self._chunk_pub = None
         self._close_remote()
-        if self._shadow is not None:
-            self._shadow.close()
-            self._shadow = None
-        return super().on_cleanup(state)
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_worker()
-        return super().on_shutdown(state)
+        if self._link_pub is not None:
+            self.destroy_publisher(self._link_pub)
+            self._link_pub = None
+        self._close_shadow()
+        self.engine = None
+        self._route = None
 
     def _stop_worker(self) -> None:
         self._active = False
@@ -247,6 +264,9 @@ class VlaNode(LifecycleNode):
         self._active = False  # the request in hand publishes nothing and gets no edge fallback
         self._close_remote()  # a cloud call in flight fails now, not at its deadline
         self._stop_worker()
+        self._close_shadow()
+
+    def _close_shadow(self) -> None:
         if self._shadow is not None:
             self._shadow.close()
             self._shadow = None
@@ -488,7 +508,7 @@ class VlaNode(LifecycleNode):
 
 
 def main(args=None) -> int:
-    return run_node(VlaNode, NODE_NAME, args, stop=lambda node: node.stop_for_exit())
+    return run_node(VlaNode, NODE_NAME, args, stop=VlaNode.stop_for_exit)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,6 +31,7 @@ from .hardware import Hardware, detect
 from .modes import Mode, check_mode
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
 from .resolver import build_resolver
+from .rtc import RtcConfig, RtcInputs, guidance_weight, guided_velocity, rtc_inputs
 
 log = logging.getLogger(__name__)
 PREFILL_ROLES = ("vision", "connector", "vlm", "state_proj", "expert_cross_kv")
@@ -49,9 +50,12 @@ class EngineConfig:
     seed: int = 0
     use_tuned: bool = True  # load config/dispatch/<hw_profile>.yaml in fast mode when present
     vision_position_ids: str = "auto"  # legacy | fixed | auto (the checkpoint's record, else the default)
+    rtc: RtcConfig = RtcConfig()  # real-time chunking, used by calls that pass a previous-chunk prefix
 
     def __post_init__(self) -> None:
         check_mode(self.mode, what="EngineConfig.mode")
+        if not isinstance(self.rtc, RtcConfig):
+            raise ValueError(f"EngineConfig.rtc must be an RtcConfig, got {type(self.rtc).__name__}")
         if self.vision_position_ids not in VISION_POSITION_ID_CHOICES:
             raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, "
                              f"got {self.vision_position_ids!r}")
@@ -117,6 +121,7 @@ class Engine:
         self.act = {part: self.resolver.build("cast", f"{part}.activations", f"{part}_act", "")
                     for part in ("vision", "vlm", "expert")}
         self.decode_graph = None  # graphs.CapturedPhase of decode, made by capture_graphs() on CUDA
+        self.decode_graph_rtc = None  # the same with RTC guidance (RtcInputs of fixed shapes)
         self.weights.file.release()  # resident again only what inference actually reads
         trim_heap()  # the build's freed weight copies back to the kernel
         self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
@@ -125,6 +130,11 @@ class Engine:
         t = torch.tensor([1.0 + k * self.euler_dt for k in range(cfg.num_steps)], dtype=torch.float32, device=self.device)
         with torch.no_grad():
             self.time_terms = self.act["expert"](self.model.time_terms(t))  # [S, He]
+        self.rtc = config.rtc
+        self.euler_t = [1.0 + k * self.euler_dt for k in range(cfg.num_steps)]  # python floats, as LeRobot's loop
+        self.rtc_step_weights = [guidance_weight(tk, self.rtc.max_guidance_weight) for tk in self.euler_t]  # [S]
+        if self.rtc.guidance == "vjp":
+            self._check_differentiable()
         self.generator = torch.Generator().manual_seed(config.seed)
         self.last_timings = Timings(0.0, 0.0, 0.0)
         self.spec = PolicySpec(cfg.camera_keys, dict(zip(cfg.camera_keys, cfg.image_shapes)), cfg.state_dim,
@@ -133,9 +143,10 @@ class Engine:
     @classmethod
     def from_checkpoint(cls, checkpoint: str | Path, vlm_dir: str | Path | None = None, mode: str = "exact",
                         tables: Sequence[str | Path] = (), threads: int | None = None, device: str = "cpu",
-                        seed: int = 0, use_tuned: bool = True, vision_position_ids: str = "auto") -> "Engine":
+                        seed: int = 0, use_tuned: bool = True, vision_position_ids: str = "auto",
+                        rtc: RtcConfig | None = None) -> "Engine":
         config = EngineConfig(mode, tuple(str(t) for t in tables), threads, device, seed, use_tuned,
-                              vision_position_ids)
+                              vision_position_ids, rtc if rtc is not None else RtcConfig())
         if threads is not None:
             torch.set_num_threads(threads)
         return cls(load_checkpoint(checkpoint, vlm_dir), config, detect(device))
@@ -176,19 +187,85 @@ class Engine:
                       torch.cat([mask_cross, causal[None].expand(b, c, c)], dim=2), mask_cross, kv, pad)
 
     @torch.no_grad()
-    def decode(self, prefix: Prefix, noise: torch.Tensor, trace: list | None = None) -> torch.Tensor:
-        """noise [B, C, A] (x at t = 1) -> normalised actions [B, C, A]."""
+    def decode(self, prefix: Prefix, noise: torch.Tensor, trace: list | None = None,
+               rtc: RtcInputs | None = None) -> torch.Tensor:
+        """noise [B, C, A] (x at t = 1) -> normalised actions [B, C, A]; ``rtc``: guide toward a previous
+        chunk (runtime/rtc.py) with the form chosen at build (self.rtc.guidance)."""
         x, ex = noise.to(self.device), self.act["expert"]
+
+        def velocity(xk, k):
+            return self.model.velocity(ex(xk), self.time_terms[k], prefix.contexts, prefix.rope_self,
+                                       prefix.rope_cross, prefix.mask_self, prefix.mask_cross)
+
         for k in range(self.model_config.num_steps):
-            v = self.model.velocity(ex(x), self.time_terms[k], prefix.contexts, prefix.rope_self, prefix.rope_cross,
-                                    prefix.mask_self, prefix.mask_cross)
+            if rtc is None:
+                v = velocity(x, k)
+            elif self.rtc.guidance == "constant":
+                v = guided_velocity(x, velocity(x, k).float(), self.euler_t[k], self.rtc_step_weights[k], rtc)
+            else:
+                v = self._vjp_guided(x, k, velocity, rtc)
             x = x + self.euler_dt * v.float()
             if trace is not None:
                 trace.append((v, x))
         return x
 
-    def sample(self, inp: ModelInputs, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """Model-level inputs -> normalised, padded actions [B, C, max_action_dim]; records timings."""
+    def decode_rtc(self, prefix: Prefix, noise: torch.Tensor, rtc: RtcInputs) -> torch.Tensor:
+        return self.decode(prefix, noise, rtc=rtc)
+
+    def _check_differentiable(self) -> None:
+        """The paper's guidance needs a backward pass through the expert: refuse kernels without one."""
+        cfg, dev = self.model_config, self.device
+        b, p, c = 1, 2, cfg.chunk_size
+        contexts = [tuple(torch.zeros(b, layer.kv_heads, p if layer.cross else p, layer.head_dim, device=dev)
+                          for _ in range(2)) for layer in self.model.expert]
+        e0 = self.model.expert[0]
+        steps = torch.arange(c, device=dev)[None]
+        mask_cross = torch.ones(b, c, p, dtype=torch.bool, device=dev)
+        mask_self = torch.cat([mask_cross, torch.ones(c, c, dtype=torch.bool, device=dev).tril()[None]], dim=2)
+        with torch.enable_grad():
+            x = torch.zeros(b, c, cfg.max_action_dim, device=dev, requires_grad=True)
+            v = self.model.velocity(self.act["expert"](x), self.time_terms[0], contexts,
+                                    e0.rope.tables(p + steps, e0.head_dim), e0.rope.tables(steps, e0.head_dim),
+                                    mask_self, mask_cross)
+        if not v.requires_grad:
+            raise ValueError(f"RtcConfig.guidance='vjp' needs a backward pass through the action expert, which mode "
+                             f"{self.config.mode!r} does not have (its kernels are inference-only); use mode "
+                             f"'reference' or guidance='constant'")
+
+    def _vjp_guided(self, x: torch.Tensor, k: int, velocity, rtc: RtcInputs) -> torch.Tensor:
+        """The RTC paper's guidance: g = (d x1 / d x)^T e with x1 = x - t * v(x), by one backward pass."""
+        t = self.euler_t[k]
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            v = velocity(xg, k).float()
+            x1 = xg - t * v
+
+            def vjp(e):
+                return torch.autograd.grad(x1, xg, e.detach())[0]
+
+            return guided_velocity(x, v.detach(), t, self.rtc_step_weights[k], rtc, vjp)
+
+    def rtc_inputs(self, prev_raw: np.ndarray, delay: int, batch: int = 1) -> RtcInputs:
+        """prev_raw [n, action_dim] raw-unit actions still to be executed -> RtcInputs (normalised, padded)."""
+        cfg = self.model_config
+        prev = np.asarray(prev_raw, dtype=np.float32)
+        if prev.ndim != 2 or prev.shape[1] != cfg.action_dim or not 1 <= prev.shape[0] <= cfg.chunk_size:
+            raise InputError(f"rtc_prefix must have shape [n, {cfg.action_dim}] with 1 <= n <= {cfg.chunk_size}, "
+                             f"got {prev.shape}")
+        if not np.isfinite(prev).all():
+            raise InputError("rtc_prefix holds non-finite values")
+        try:
+            inp = rtc_inputs(self.preprocess.normalise_actions(torch.from_numpy(prev)), delay, self.rtc,
+                             cfg.chunk_size, cfg.max_action_dim)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        if batch != 1:
+            inp = RtcInputs(inp.prev.expand(batch, -1, -1).contiguous(), inp.weights.expand(batch, -1, -1).contiguous())
+        return RtcInputs(inp.prev.to(self.device), inp.weights.to(self.device))
+
+    def sample(self, inp: ModelInputs, noise: torch.Tensor | None = None, rtc: RtcInputs | None = None) -> torch.Tensor:
+        """Model-level inputs -> normalised, padded actions [B, C, max_action_dim]; records timings.
+        ``rtc``: guide toward a previous chunk (Engine.rtc_inputs / runtime.rtc.rtc_inputs)."""
         shape = (inp.batch, self.model_config.chunk_size, self.model_config.max_action_dim)
         if noise is None:
             noise = torch.randn(shape, generator=self.generator)
@@ -197,10 +274,14 @@ class Engine:
         t0 = time.perf_counter()
         prefix = self.prefill(inp)
         t1 = time.perf_counter()
-        if self.decode_graph is not None:
-            actions = self.decode_graph(prefix, noise.float().to(self.device)).clone()
+        if rtc is not None and tuple(rtc.prev.shape) != shape:
+            raise InputError(f"rtc prefix must be padded to {shape}, got {tuple(rtc.prev.shape)}")
+        graph = self.decode_graph if rtc is None else self.decode_graph_rtc
+        if graph is not None:
+            args = (prefix, noise.float().to(self.device)) + (() if rtc is None else (rtc,))
+            actions = graph(*args).clone()
         else:
-            actions = self.decode(prefix, noise.float())
+            actions = self.decode(prefix, noise.float(), rtc=rtc)
         t2 = time.perf_counter()
         self.last_timings = Timings(t1 - t0, t2 - t1, t2 - t0)
         return actions
@@ -222,18 +303,21 @@ class Engine:
         return self.preprocess(frames, state, [obs.task])
 
     def predict(self, obs: Observation, *, noise: np.ndarray | None = None, dt: float = 1 / 30, seq: int = 0,
-                source: str = "edge") -> ActionChunk:
+                source: str = "edge", rtc_prefix: np.ndarray | None = None, rtc_delay: int = 0) -> ActionChunk:
         """One observation -> one chunk in raw units. ``dt``: the control period the chunk's rows are spaced by
-        (ActionChunk.dt), not the flow-matching step ``euler_dt``; ``noise`` [chunk_size, max_action_dim]."""
+        (ActionChunk.dt), not the flow-matching step ``euler_dt``; ``noise`` [chunk_size, max_action_dim].
+        ``rtc_prefix`` [n, action_dim] raw units: the previous chunk's actions from the one executing when this
+        observation was taken on; ``rtc_delay``: control ticks they keep executing while this chunk is computed."""
         t0 = time.perf_counter()
         inp = self.inputs_from_observation(obs)
+        rtc = None if rtc_prefix is None else self.rtc_inputs(rtc_prefix, rtc_delay)
         nz = None
         if noise is not None:
             shape = (self.model_config.chunk_size, self.model_config.max_action_dim)
             if np.shape(noise) != shape:
                 raise InputError(f"noise must have shape {shape}, got {np.shape(noise)}")
             nz = torch.as_tensor(np.asarray(noise, dtype=np.float32))[None]
-        actions = self.preprocess.actions(self.sample(inp, nz).cpu())[0]
+        actions = self.preprocess.actions(self.sample(inp, nz, rtc).cpu())[0]
         total = time.perf_counter() - t0
         tm = self.last_timings
         return ActionChunk(actions=actions.numpy().astype(np.float32), dt=dt, stamp=obs.stamp, source=source,
@@ -257,8 +341,13 @@ class Engine:
 
         inp = self.inputs_from_observation(self.synthetic_observation())
         noise = torch.randn((inp.batch, self.model_config.chunk_size, self.model_config.max_action_dim), generator=self.generator)
-        self.decode_graph = CapturedPhase(self.decode, (self.prefill(inp), noise.to(self.device)))
-        return self.decode_graph.capture_s
+        prefix = self.prefill(inp)
+        self.decode_graph = CapturedPhase(self.decode, (prefix, noise.to(self.device)))
+        # the guided decode: one more graph over RtcInputs buffers (any delay/prefix length replays it)
+        c, a = self.model_config.chunk_size, self.model_config.action_dim
+        rtc = self.rtc_inputs(np.zeros((c, a), dtype=np.float32), 1, inp.batch)
+        self.decode_graph_rtc = CapturedPhase(self.decode_rtc, (prefix, noise.to(self.device), rtc))
+        return self.decode_graph.capture_s + self.decode_graph_rtc.capture_s
 
     def plan(self) -> list[dict]:
         return self.resolver.plan_rows()

@@ -163,6 +163,12 @@ class Preprocessor:
         s = self.stats
         return normalised[..., : self.cfg.action_dim] * s.action_std + s.action_mean
 
+    def normalise_actions(self, raw: torch.Tensor) -> torch.Tensor:
+        """[..., action_dim] raw units -> the model's normalised space (the inverse of ``actions``)."""
+        s = self.stats
+        std = torch.where(s.action_std > 0, s.action_std, torch.ones_like(s.action_std))
+        return (raw.float() - s.action_mean) / std
+
     def __call__(self, frames, raw_state: torch.Tensor, tasks: Sequence[str], padding_masks=None) -> ModelInputs:
         images, masks = self.images(frames, padding_masks)
         ids, lmask = self.tokenizer(tasks)

@@ -55,7 +55,10 @@ def run_train(args) -> int:
 
     command = " ".join(["edgefm-vla"] + [shlex.quote(a) for a in sys.argv[1:]])
     try:
-        demos = read_dataset(Path(args.dataset))
+        try:
+            demos = read_dataset(Path(args.dataset))
+        except FileNotFoundError as e:
+            raise ValueError(f"--dataset: {e}") from None
         result = train(demos, args.out, cfg, arch=None if args.init else (args.arch or "tiny"), init=args.init,
                        log=log, meta={"dataset": str(args.dataset), "command": command},
                        tasks=[t for t in (args.tasks or "").split(",") if t] or None)

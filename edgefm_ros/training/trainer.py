@@ -98,6 +98,10 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
           ) -> TrainResult:
     """``tasks``: train on these tasks' episodes only (the dataset's per-episode task names; default all)."""
     out = Path(out)
+    names = getattr(demos, "episode_task", None) or {}  # episode -> task name
+    unknown = sorted(set(tasks or ()) - set(names.values()))
+    if unknown:
+        raise ValueError(f"task(s) {unknown} not in the dataset (its tasks: {sorted(set(names.values()))})")
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     config, weights = _setup(demos, out, cfg, arch, init)
@@ -111,11 +115,7 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     episodes = sorted(int(e) for e in np.unique(demos.episode_index) if success.get(int(e), True))
     if len(episodes) < len(np.unique(demos.episode_index)):
         log(f"train: {len(np.unique(demos.episode_index)) - len(episodes)} failed episode(s) left out")
-    names = getattr(demos, "episode_task", None) or {}
     if tasks:
-        unknown = sorted(set(tasks) - set(names.values()))
-        if unknown:
-            raise ValueError(f"task(s) {unknown} not in the dataset (its tasks: {sorted(set(names.values()))})")
         episodes = [e for e in episodes if names.get(e) in set(tasks)]
     batcher = ChunkBatcher(demos, pcfg.camera_keys, pcfg.chunk_size, pcfg.max_action_dim, pre, episodes)
     model = TrainableSmolVLA(pcfg, ck.vlm, weights, cfg.vision_position_ids)

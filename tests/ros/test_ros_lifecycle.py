@@ -2,6 +2,8 @@
 parameter validation."""
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import numpy as np
@@ -25,6 +27,17 @@ def _params(**kw):
     from rclpy.parameter import Parameter
 
     return [Parameter(k, value=v) for k, v in kw.items()]
+
+
+def _state(node) -> str:
+    """The node's lifecycle state label (rclpy has no public in-process getter; the get_state service reads
+    the same state machine)."""
+    return node._state_machine.current_state[1]
+
+
+def _entities(node) -> tuple[int, int]:
+    """(publishers, subscriptions) the node holds now."""
+    return len(list(node.publishers)), len(list(node.subscriptions))
 
 
 def _wait(pred, timeout=5.0):
@@ -79,7 +92,101 @@ def test_action_node_lifecycle_holds_on_deactivate(ctx, spin_in_background):
         assert _wait(lambda: any(d.message.startswith("holding") and "inactive" in d.message for d in diags[-3:]))
         assert node.trigger_cleanup() == R.SUCCESS
     finally:
-        node._stop_loop()
+        node.stop_for_exit()
+
+
+def _can_use_fifo(priority: int) -> bool:
+    """Whether this process may put a thread on SCHED_FIFO (root, CAP_SYS_NICE or RLIMIT_RTPRIO), tried on a
+    throwaway thread."""
+    ok = []
+
+    def body():
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+            ok.append(True)
+        except OSError:
+            ok.append(False)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    return ok[0]
+
+
+def test_action_node_puts_the_executor_thread_scheduling_back(ctx):
+    """activate runs on one thread (the executor's) and puts it on SCHED_FIFO (realtime_priority - 1);
+    deactivate, here from another thread, puts back exactly what that thread had (SCHED_BATCH here, not
+    the default policy). Without the right to use SCHED_FIFO nothing is applied and nothing changes."""
+    from rclpy.lifecycle import TransitionCallbackReturn as R
+
+    from edgefm_ros.nodes.action_node import ActionNode
+    from edgefm_ros.ros.realtime import Scheduling, scheduling_of
+
+    node = ActionNode(context=ctx, parameter_overrides=_params(
+        joint_names=list(NAMES), command_type="joint_state", command_topic="/cmd_rt", realtime_priority=3))
+    seen: dict = {}
+    activated, finish = threading.Event(), threading.Event()
+
+    def executor_thread():
+        tid = threading.get_native_id()
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        seen["before"] = scheduling_of(tid)
+        seen["configure"], seen["activate"] = node.trigger_configure(), node.trigger_activate()
+        seen["during"] = scheduling_of(tid)
+        activated.set()
+        finish.wait(10)
+        seen["after"] = scheduling_of(tid)
+
+    fifo = _can_use_fifo(2)
+    t = threading.Thread(target=executor_thread)
+    t.start()
+    try:
+        assert activated.wait(10)
+        assert seen["configure"] == R.SUCCESS and seen["activate"] == R.SUCCESS
+        before = seen["before"]
+        assert before.policy == os.SCHED_BATCH
+        if fifo:
+            assert seen["during"] == Scheduling(before.tid, os.SCHED_FIFO, 2)
+            assert node.executor_rt.previous == before
+        else:
+            assert seen["during"] == before and node.executor_rt.previous is None
+        assert node.trigger_deactivate() == R.SUCCESS  # from this thread, not the one it changed
+        assert scheduling_of(before.tid) == before
+        assert node.executor_rt.previous is None
+    finally:
+        finish.set()
+        t.join(5)
+        node.stop_for_exit()
+    assert seen["after"] == seen["before"]  # as the thread itself sees it
+    assert node.trigger_cleanup() == R.SUCCESS and node.core is None
+
+
+def test_action_node_keeps_a_control_thread_that_does_not_stop(ctx, capfd):
+    """A control thread that does not end within stop_timeout_s (held here on the queue's lock) is not
+    dropped: deactivate errs, the node ends finalized with the thread still tracked, and the thread ends once
+    it can see the stop."""
+    from rclpy.lifecycle import TransitionCallbackReturn as R
+
+    from edgefm_ros.nodes.action_node import ActionNode
+
+    node = ActionNode(context=ctx, parameter_overrides=_params(
+        joint_names=list(NAMES), command_type="joint_state", command_topic="/cmd_stuck"))
+    node.stop_timeout_s = 0.5
+    assert node.trigger_configure() == R.SUCCESS and node.trigger_activate() == R.SUCCESS
+    assert node.control_thread_running
+    core = node.core
+    with core.lock:  # the control thread blocks in its next tick
+        t0 = time.monotonic()
+        assert node.trigger_deactivate() == R.ERROR
+        took = time.monotonic() - t0
+        assert node.control_thread_running, "the control thread was dropped while still running"
+        assert _state(node) == "finalized"
+        assert node.core is core  # nothing it uses was released under it
+    assert 1.0 <= took < 3.0  # deactivate's bound, then error processing's
+    assert _wait(lambda: not node.control_thread_running, 2.0)
+    err = capfd.readouterr().err
+    assert "the control thread did not stop within 0.5 s" in err
+    assert "finalized" in err
 
 
 @pytest.mark.parametrize("name,value,match", [("command_type", "bogus", "command_type"),
@@ -94,7 +201,11 @@ def test_action_node_rejects_invalid_parameters(ctx, name, value, match):
         ActionNode(context=ctx, parameter_overrides=_params(**{name: value}))
 
 
-def test_vla_node_configure_fails_cleanly_then_works(ctx, tiny_model):
+def test_vla_node_configure_fails_cleanly_then_works_on_the_same_node(ctx, tiny_model, tmp_path, capfd):
+    """One node: configure fails (no checkpoint yet), fails again at its very last step (the shadow log
+    cannot be opened) after the model, the cloud client, its link publisher, the chunk publisher and the
+    subscriptions were made, then works once the cause is gone; every failure and cleanup leaves the node
+    holding what it held before configure."""
     from rclpy.lifecycle import TransitionCallbackReturn as R
 
     from edgefm_ros.nodes.vla_node import VlaNode
@@ -103,16 +214,40 @@ def test_vla_node_configure_fails_cleanly_then_works(ctx, tiny_model):
     common = dict(camera_topics=["/c1", "/c2"],
                   camera_keys=["observation.images.camera1", "observation.images.camera2"],
                   state_joint_names=[f"j{i}" for i in range(6)], vlm_dir=vlm, threads=1)
-    bad = VlaNode(context=ctx, parameter_overrides=_params(checkpoint=ckpt + "-missing", **common))
-    assert bad.trigger_configure() == R.FAILURE and bad.engine is None
+    ckpt_link, blocker = tmp_path / "ckpt", tmp_path / "logs"  # the checkpoint appears later (mount, copy)
+    node = VlaNode(context=ctx, parameter_overrides=_params(
+        checkpoint=str(ckpt_link), cloud_url="http://127.0.0.1:9", shadow_fraction=0.5,
+        shadow_log=str(blocker / "shadow.jsonl"), **common))
+    base = _entities(node)  # /diagnostics, parameter events, rosout
+    assert node.trigger_configure() == R.FAILURE
+    assert node.engine is None and node.remote is None and _entities(node) == base
+    assert _state(node) == "unconfigured"
+
+    ckpt_link.symlink_to(ckpt)
+    blocker.write_text("")  # a file where the shadow log's directory should be
+    capfd.readouterr()
+    assert node.trigger_configure() == R.FAILURE
+    assert "configure failed: shadow mode" in capfd.readouterr().err  # failed last, after acquiring the rest
+    assert node.engine is None and node.remote is None and _entities(node) == base
+    assert _state(node) == "unconfigured"
+
+    blocker.unlink()
+    for cycle in range(2):  # configure after cleanup works as well
+        assert node.trigger_configure() == R.SUCCESS and node.engine.spec.chunk_size == 8
+        pubs, subs = _entities(node)
+        assert pubs == base[0] + 2 and subs >= base[1] + 5  # chunks and link samples; cameras, joints, ...
+        assert node.remote is not None
+        assert node.trigger_activate() == R.SUCCESS and node._worker.is_alive()
+        assert node.trigger_deactivate() == R.SUCCESS and node._worker is None
+        assert node.trigger_cleanup() == R.SUCCESS
+        assert node.engine is None and node.remote is None and _entities(node) == base, cycle
+    assert (blocker / "shadow.jsonl").is_file()  # the log was opened by the configures that worked
+
     wrong_dim = VlaNode(context=ctx, parameter_overrides=_params(
         checkpoint=ckpt, **{**common, "state_joint_names": ["j0", "j1"]}))
+    before = _entities(wrong_dim)
     assert wrong_dim.trigger_configure() == R.FAILURE
-    good = VlaNode(context=ctx, parameter_overrides=_params(checkpoint=ckpt, **common))
-    assert good.trigger_configure() == R.SUCCESS and good.engine.spec.chunk_size == 8
-    assert good.trigger_activate() == R.SUCCESS and good._worker.is_alive()
-    assert good.trigger_deactivate() == R.SUCCESS and good._worker is None
-    assert good.trigger_cleanup() == R.SUCCESS and good.engine is None
+    assert wrong_dim.engine is None and _entities(wrong_dim) == before
 
 
 class _Remote:

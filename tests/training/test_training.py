@@ -256,3 +256,20 @@ def test_seeded_runs_repeat(demos, tmp_path):
     wa, wb = load_all(a.out / "model.safetensors"), load_all(b.out / "model.safetensors")
     assert a.final_loss == b.final_loss
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_fine_tune_from_init_checkpoint(trained, demos, tmp_path):
+    """--init: starts from the checkpoint's weights (its loss, not a fresh model's) and keeps its backbone."""
+    src = trained[0].out
+    lines = []
+    cfg = TrainConfig(steps=2, batch_size=8, log_every=1, save_every=0, lr=1e-9, decay_lr=0.0, seed=3)
+    r = train(demos, tmp_path / "ft", cfg, arch=None, init=src, log=lines.append)
+    fresh = train(demos, tmp_path / "fresh", cfg, arch="tiny", log=lambda s: None)
+    # same batches, noise and times (same seed): the trained start fits them better than a fresh model
+    assert r.first_loss + r.final_loss < 0.75 * (fresh.first_loss + fresh.final_loss), (r, fresh)
+    start, tuned = load_all(src / "model.safetensors"), load_all(tmp_path / "ft" / "model.safetensors")
+    assert set(start) == set(tuned) and all(torch.allclose(start[k], tuned[k], atol=1e-6) for k in start)
+    meta = json.loads((tmp_path / "ft" / "edgefm_train.json").read_text())
+    assert meta["init"] == str(src) and meta["arch"] is None
+    assert (tmp_path / "ft" / "vlm" / "tokenizer.json").read_bytes() == (src / "vlm" / "tokenizer.json").read_bytes()
+    Engine.from_checkpoint(tmp_path / "ft", mode="exact")  # loads as is
