@@ -20,8 +20,9 @@ edge-fallback, the route, its reason, why the cloud did not answer, timings); /d
 routes, sources and fallback reasons.
 
 Lifecycle: configure loads the model (and the fixed-prefix KV cache, if given), the router and the
-cloud client; activate starts the worker thread; questions that arrive while one is being answered
-wait in a short queue (oldest dropped). Malformed messages are counted and ignored, never fatal.
+cloud client and makes the publishers and subscriptions, all in one place; ``_release`` undoes all of it (a
+failed configure, cleanup, an error, shutdown); activate starts the worker thread; questions that arrive
+while one is being answered wait in a short queue (oldest dropped). Malformed messages are counted and ignored, never fatal.
 """
 from __future__ import annotations
 
@@ -280,6 +281,7 @@ class SceneQueryNode(LifecycleNode):
         self._questions: RequestQueue[str] = RequestQueue(1)  # made at configure; kept across activations
         self._worker: Worker | None = None
         self._subs: list = []
+        self._pubs: list = []  # lifecycle publishers, made at configure
         self.bad_messages = 0
         self.answered = 0
         self.failed = 0
@@ -293,7 +295,7 @@ class SceneQueryNode(LifecycleNode):
                 self.trigger_activate()
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        try:
+        try:  # everything the node holds while configured is acquired here and released by _release
             self.cfg = c = make_config(self.values)
             engine = self._engine or load_engine(c)
             router = None
@@ -306,19 +308,20 @@ class SceneQueryNode(LifecycleNode):
                 self._cloud = make_cloud_client(c, link)
                 self._own_cloud = self._cloud is not None
             self._prober = make_link_prober(c, link)
-        except (ValueError, OSError) as e:
+            self.answerer = SceneAnswerer(engine, c, router, self._cloud, self._prober)
+            self._questions = RequestQueue(c.max_questions_queued)
+            self._answer_pub = self._lifecycle_publisher(String, c.answer_topic, qos.RELIABLE)
+            self._partial_pub = self._lifecycle_publisher(String, c.partial_topic, qos.LATEST)
+            self._info_pub = self._lifecycle_publisher(String, c.info_topic, qos.RELIABLE)
+            for topic in c.camera_topics:
+                mtype = CompressedImage if topic.endswith("/compressed") else Image
+                self._subs.append(self.create_subscription(mtype, topic, lambda m, t=topic: self._on_image(t, m),
+                                                           qos.SENSOR))
+            self._subs.append(self.create_subscription(String, c.question_topic, self._on_question, qos.RELIABLE))
+        except Exception as e:  # bad parameters, model, router or topic names: unconfigured, holding nothing
             self.get_logger().error(f"configure failed: {e}")
+            self._release()
             return TransitionCallbackReturn.FAILURE
-        self.answerer = SceneAnswerer(engine, c, router, self._cloud, self._prober)
-        self._questions = RequestQueue(c.max_questions_queued)
-        self._answer_pub = self.create_lifecycle_publisher(String, c.answer_topic, qos.RELIABLE)
-        self._partial_pub = self.create_lifecycle_publisher(String, c.partial_topic, qos.LATEST)
-        self._info_pub = self.create_lifecycle_publisher(String, c.info_topic, qos.RELIABLE)
-        for topic in c.camera_topics:
-            mtype = CompressedImage if topic.endswith("/compressed") else Image
-            self._subs.append(self.create_subscription(mtype, topic, lambda m, t=topic: self._on_image(t, m),
-                                                       qos.SENSOR))
-        self._subs.append(self.create_subscription(String, c.question_topic, self._on_question, qos.RELIABLE))
         cloud = f"cloud {c.cloud_url}" if c.cloud_url else "no cloud endpoint"
         if self._prober is not None:
             cloud += f" (link probe every {c.probe_period_s:g} s while the estimate is unknown or stale)"
@@ -339,21 +342,43 @@ class SceneQueryNode(LifecycleNode):
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return super().on_cleanup(state)
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return super().on_shutdown(state)
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()  # a transition raised: back to unconfigured holding nothing
+        return super().on_error(state)
+
+    def stop_for_exit(self) -> None:
+        """Before the process exits (run_node): the worker stopped (the question in hand ends first) and the
+        link prober closed."""
         self._stop_worker()
-        for s in self._subs:
-            self.destroy_subscription(s)
-        self._subs = []
+        self._close_prober()
+
+    def _lifecycle_publisher(self, *args):
+        p = self.create_lifecycle_publisher(*args)
+        self._pubs.append(p)
+        return p
+
+    def _release(self) -> None:
+        """Undo configure (and activate), whatever part of it was done: the worker stopped, subscriptions and
+        publishers destroyed, the cloud client this node made and the link prober closed, the answerer (and
+        the model it holds) dropped. An injected engine or cloud client is the caller's: kept."""
+        self._stop_worker()
+        for sub in self._subs:
+            self.destroy_subscription(sub)
+        for pub in self._pubs:
+            self.destroy_lifecycle_publisher(pub)
+        self._subs, self._pubs = [], []
         self.answerer = None
         if self._own_cloud:
             self._cloud.close()
             self._cloud, self._own_cloud = None, False
         self._close_prober()
-        return super().on_cleanup(state)
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_worker()
-        self._close_prober()
-        return super().on_shutdown(state)
 
     def _close_prober(self) -> None:
         if self._prober is not None:
@@ -442,7 +467,7 @@ class SceneQueryNode(LifecycleNode):
 
 
 def main(args=None) -> int:
-    return run_node(SceneQueryNode, NODE_NAME, args, stop=lambda node: (node._stop_worker(), node._close_prober()))
+    return run_node(SceneQueryNode, NODE_NAME, args, stop=SceneQueryNode.stop_for_exit)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,17 @@ queue. Applies the newest command from action_node (JointTrajectory, Float64Mult
 a malformed one (NaN, wrong length, unknown joints) never reaches the arm: it is counted and reported in
 /diagnostics. Without commands the arm holds its last target.
 
-Lifecycle: configure builds the simulator and the publishers; activate starts the physics thread (steps
-physics up to the wall clock every 1/state_rate_hz, renders the cameras every 1/camera_rate_hz);
-deactivate stops it; cleanup closes the simulator. The episode logic is edgefm_ros.sim.live (no ROS).
+Lifecycle: configure builds the simulator (on its own thread) and the publishers, all in one place, and
+``_release`` undoes all of it (a failed configure, cleanup, an error, shutdown); activate starts physics on
+that thread (steps physics up to the wall clock every 1/state_rate_hz, renders the cameras every
+1/camera_rate_hz) and, with realtime_priority, puts the executor thread on SCHED_FIFO; deactivate pauses
+physics and puts the executor thread's scheduling back; cleanup ends the thread, which closes the simulator
+(one that does not end within ``stop_timeout_s`` is kept, and cleanup fails, rather than being forgotten).
+The episode logic is edgefm_ros.sim.live (no ROS).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -32,12 +37,14 @@ from edgefm_ros.ros import qos
 from edgefm_ros.ros.convert import rgb_to_image_msg, to_sec, to_stamp
 from edgefm_ros.ros.images import encode_jpeg
 from edgefm_ros.ros.params import declare
+from edgefm_ros.ros.realtime import FifoScope, join_within
 from edgefm_ros.ros.sim_params import NODE_NAME, PARAMS, SimNodeConfig, make_config
 from edgefm_ros.ros.spin import run_node
 
 REJECT_WARN_S = 5.0  # /diagnostics warns this long after a refused command
 COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
                "joint_state": JointState}
+STOP_TIMEOUT_S = 5.0  # cleanup waits this long for the physics thread to end
 
 
 def command_fields(msg) -> tuple[list[str], list[float], float]:
@@ -63,6 +70,10 @@ class SimNode(LifecycleNode):
         self._thread: threading.Thread | None = None
         self._active = False
         self._realtime = False  # the physics thread runs SCHED_FIFO
+        self.executor_rt = FifoScope()  # the executor thread's SCHED_FIFO while active, and what it had before
+        self.stop_timeout_s = STOP_TIMEOUT_S
+        self._pubs: list = []  # lifecycle publishers, made at configure
+        self._subs: list = []
         self._last_reject_at = -math.inf  # monotonic time of the last refused command
         self.render_ms = RollingStats()
         self.step_ms = RollingStats()
@@ -76,7 +87,10 @@ class SimNode(LifecycleNode):
     # lifecycle -------------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         log = self.get_logger()
-        try:
+        if self._thread is not None:  # a physics thread that never ended (see _stop_thread): not a second one
+            log.error("configure refused: the previous physics thread is still running")
+            return TransitionCallbackReturn.FAILURE
+        try:  # everything the node holds while configured is acquired here and released by _release
             self.cfg = c = make_config(self.values)
             from edgefm_ros.sim.env import SimConfig, SimEnv
             from edgefm_ros.sim.live import LiveConfig, LiveSim, parse_episode
@@ -96,21 +110,23 @@ class SimNode(LifecycleNode):
                                                          {e.task: e for e in episodes}.values()])
             self.live = LiveSim(self.env, TASKS, episodes, LiveConfig(
                 timeout_s=c.timeout_s, settle_s=c.settle_s, start_delay_s=c.start_delay_s, repeat=c.repeat,
-                wait_for_start=c.wait_for_start, joint_names=c.joint_names), clock=self._now)
-        except Exception as e:  # bad parameters or no simulator: stay unconfigured, say why
+                wait_for_start=c.wait_for_start, command_guard_s=c.command_guard_s, joint_names=c.joint_names),
+                clock=self._now)
+            pub = self._lifecycle_publisher
+            self._image_pubs = [pub(Image, t, qos.SENSOR) for t in c.camera_topics]
+            self._jpeg_pubs = [pub(CompressedImage, t.rstrip("/") + "/compressed", qos.SENSOR)
+                               for t in c.camera_topics] if c.publish_compressed else []
+            self._state_pub = pub(JointState, c.joint_states_topic, qos.SENSOR)
+            self._task_pub = pub(String, c.instruction_topic, qos.LATCHED)
+            self._event_pub = pub(String, c.events_topic, qos.RELIABLE)
+            self._start_pub = pub(Header, c.episode_start_topic, qos.RELIABLE)
+            self._subs = [self.create_subscription(COMMAND_MSG[c.command_type], c.command_topic, self._on_command,
+                                                   qos.RELIABLE),
+                          self.create_subscription(String, c.reset_topic, self._on_reset, qos.RELIABLE)]
+        except Exception as e:  # bad parameters, topic names or no simulator: unconfigured, holding nothing
             log.error(f"configure failed: {e}")
-            self._stop_thread()
+            self._release()
             return TransitionCallbackReturn.FAILURE
-        self._image_pubs = [self.create_lifecycle_publisher(Image, t, qos.SENSOR) for t in c.camera_topics]
-        self._jpeg_pubs = [self.create_lifecycle_publisher(CompressedImage, t.rstrip("/") + "/compressed", qos.SENSOR)
-                           for t in c.camera_topics] if c.publish_compressed else []
-        self._state_pub = self.create_lifecycle_publisher(JointState, c.joint_states_topic, qos.SENSOR)
-        self._task_pub = self.create_lifecycle_publisher(String, c.instruction_topic, qos.LATCHED)
-        self._event_pub = self.create_lifecycle_publisher(String, c.events_topic, qos.RELIABLE)
-        self._start_pub = self.create_lifecycle_publisher(Header, c.episode_start_topic, qos.RELIABLE)
-        self._cmd_sub = self.create_subscription(COMMAND_MSG[c.command_type], c.command_topic, self._on_command,
-                                                 qos.RELIABLE)
-        self._reset_sub = self.create_subscription(String, c.reset_topic, self._on_reset, qos.RELIABLE)
         log.info(f"configured in {time.perf_counter() - t0:.1f}s: {len(self.live.episodes)} episodes, cameras "
                  f"{list(c.camera_names)} {self.env.config.image_hw} at {c.camera_rate_hz:g} Hz, state at {c.state_rate_hz:g} Hz, "
                  f"{c.command_type} commands on {c.command_topic}")
@@ -121,7 +137,7 @@ class SimNode(LifecycleNode):
         p = self.cfg.realtime_priority
         if p > 0:  # the executor thread takes the GIL for callbacks: just below the physics thread, so it is
             try:   # never preempted while the physics thread waits for the GIL (priority inversion)
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(max(1, p - 1)))
+                self.executor_rt.apply(max(1, p - 1))  # put back at deactivate
             except OSError as e:
                 self.get_logger().warning(f"realtime priority {p - 1} not applied to the executor thread: {e}")
         self._active = True
@@ -132,21 +148,57 @@ class SimNode(LifecycleNode):
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._active = False
         self._running.clear()
+        self._restore_executor_scheduling()
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_thread()
-        self.destroy_subscription(self._cmd_sub)
-        self.destroy_subscription(self._reset_sub)
-        for p in self._image_pubs + self._jpeg_pubs + [self._state_pub, self._task_pub, self._event_pub,
-                                                       self._start_pub]:
-            self.destroy_lifecycle_publisher(p)
-        self.live = None
+        if not self._release():
+            return TransitionCallbackReturn.FAILURE
         return super().on_cleanup(state)
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_thread()
+        self._release()
         return super().on_shutdown(state)
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """After a transition erred: unconfigured with everything released once the physics thread has
+        ended; finalized (FAILURE) while it still runs, holding what it uses."""
+        if not self._release():
+            self.get_logger().error("the physics thread is still running: the node is finalized")
+            return TransitionCallbackReturn.FAILURE
+        return super().on_error(state)
+
+    def stop_for_exit(self) -> None:
+        """Before the process exits (run_node): the physics thread stopped and joined (within stop_timeout_s;
+        it closes the simulator) and the executor thread's scheduling put back."""
+        self._stop_thread()
+        self._restore_executor_scheduling()
+
+    def _lifecycle_publisher(self, *args):
+        p = self.create_lifecycle_publisher(*args)
+        self._pubs.append(p)
+        return p
+
+    def _release(self) -> bool:
+        """Undo configure (and activate), whatever part of it was done: the physics thread ended (it closes
+        the simulator), the executor thread's scheduling put back, subscriptions and publishers destroyed.
+        False, releasing nothing more, while the physics thread still runs after ``stop_timeout_s``."""
+        if not self._stop_thread():
+            return False
+        self._restore_executor_scheduling()
+        for sub in self._subs:
+            self.destroy_subscription(sub)
+        for pub in self._pubs:
+            self.destroy_lifecycle_publisher(pub)
+        self._subs, self._pubs = [], []
+        self.live = self.env = None
+        return True
+
+    def _restore_executor_scheduling(self) -> None:
+        try:
+            self.executor_rt.restore()
+        except OSError as e:
+            self.get_logger().error(f"the executor thread's scheduling could not be put back: {e}")
 
     def _start_thread(self, make_env, warm: list[tuple[str, int]]) -> None:
         """The simulator thread: builds the env and each task's world, then runs physics while active.
@@ -161,6 +213,9 @@ class SimNode(LifecycleNode):
                     self.env.reset(task, seed)
             except BaseException as e:  # reported by configure
                 error.append(e)
+                if self.env is not None:  # built, then a world failed: closed on its own thread
+                    with contextlib.suppress(Exception):
+                        self.env.close()
                 ready.set()
                 return
             ready.set()
@@ -185,13 +240,23 @@ class SimNode(LifecycleNode):
             self._thread = None
             raise error[0]
 
-    def _stop_thread(self) -> None:
+    def _stop_thread(self) -> bool:
+        """Tell the physics thread to end and join it for up to ``stop_timeout_s``, logging an error each
+        second it still runs. True once no physics thread runs; one that did not end is kept (not dropped)."""
         self._active = False
         self._running.clear()
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-            self._thread = None
+        thread = self._thread
+        if thread is None:
+            return True
+        log = self.get_logger()
+        if not join_within(thread, self.stop_timeout_s,
+                           lambda s: log.error(f"the physics thread is still running {s:.1f} s after the stop")):
+            log.error(f"the physics thread did not stop within {self.stop_timeout_s:g} s")
+            return False
+        self._thread = None
+        self._realtime = False
+        return True
 
     # inputs ----------------------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -353,7 +418,7 @@ class SimNode(LifecycleNode):
 
 def main(args=None) -> int:
     sys.setswitchinterval(0.001)  # the physics thread gets the GIL back soon after a callback takes it
-    return run_node(SimNode, NODE_NAME, args, stop=lambda node: node._stop_thread())
+    return run_node(SimNode, NODE_NAME, args, stop=SimNode.stop_for_exit)
 
 
 if __name__ == "__main__":

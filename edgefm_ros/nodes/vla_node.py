@@ -26,7 +26,9 @@ from std_msgs.msg import Float64MultiArray, String
 
 from edgefm_ros.cloud.client.policy import RemotePolicy
 from edgefm_ros.cloud.images import Encoding
+from edgefm_ros.control.delay import DelayEstimator
 from edgefm_ros.control.request import ChunkRequester
+from edgefm_ros.control.rtc import ChunkContinuation, RtcRequest
 from edgefm_ros.control.slot import LatestSlot
 from edgefm_ros.control.stats import RollingStats
 from edgefm_ros.msg import ActionChunk as ActionChunkMsg
@@ -103,6 +105,7 @@ class VlaNode(LifecycleNode):
         self.remote: RemotePolicy | None = remote  # optional (tests inject one)
         self._own_remote = False  # made from cloud_url at configure (closed at cleanup)
         self._shadow: Shadow | None = None
+        self._rtc: ChunkContinuation | None = None  # real-time chunking (rtc_enabled), made at configure
         self._run_id = uuid.uuid4().hex[:8]  # request ids in the shadow log: <run>-<seq>
         self._active = False
         self._worker: Worker | None = None
@@ -132,6 +135,9 @@ class VlaNode(LifecycleNode):
         self.last_outcome = ""  # "chunk" or "refused"
         self.lat = {k: RollingStats() for k in ("prefill", "decode", "compute", "frame_to_chunk", "cloud_call")}
         self.last_route = "edge (no decision)"
+        self.rtc_chunks = 0  # chunks computed with a real-time-chunking prefix
+        self.last_rtc: RtcRequest | None = None
+        self.rtc_estimate = (float("nan"), 0)  # (latency s, delay ticks), set by the worker for diagnostics
 
     # lifecycle -------------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -143,9 +149,12 @@ class VlaNode(LifecycleNode):
             t0 = time.perf_counter()
             self.engine = Engine.from_checkpoint(_expand(c.checkpoint), _expand(c.vlm_dir), mode=c.mode,
                                                  tables=[_expand(t) for t in c.tables], threads=c.threads or None,
-                                                 vision_position_ids=c.vision_position_ids)
+                                                 vision_position_ids=c.vision_position_ids, rtc=c.rtc())
             self._check_spec(c, self.engine.spec)
             spec = self.engine.spec
+            # real-time chunking: the last chunk sent and the delay estimate (None: off)
+            self._rtc = ChunkContinuation(DelayEstimator(c.delay(spec.chunk_size), 1.0 / c.action_rate_hz),
+                                          spec.chunk_size) if c.rtc_enabled else None
             log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras "
                      f"{list(spec.camera_keys)}, state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}, "
                      f"vision position ids {self.engine.vision_position_ids}")
@@ -243,6 +252,7 @@ class VlaNode(LifecycleNode):
         self._close_shadow()
         self.engine = None
         self._route = None
+        self._rtc = None
 
     def _stop_worker(self) -> None:
         self._active = False
@@ -326,10 +336,11 @@ class VlaNode(LifecycleNode):
             if not self._requester.should_start(msg.request_chunk, msg.must_go, msg.last_chunk_sequence, now):
                 return
             self._requester.started()
-        self._slot.put((self.cache.snapshot(now), self._route))
+        # an empty queue: the robot holds, it executes nothing of the last chunk (nothing to continue)
+        self._slot.put((self.cache.snapshot(now), self._route, msg.queue_size == 0))
 
     # worker ----------------------------------------------------------------------------------------------
-    def _serve(self, item: tuple[Snapshot, tuple[RouteDecision, float] | None]) -> None:
+    def _serve(self, item: tuple[Snapshot, tuple[RouteDecision, float] | None, bool]) -> None:
         seq = 0
         try:
             seq = self._compute(*item)
@@ -346,13 +357,25 @@ class VlaNode(LifecycleNode):
             return None
         return route[0]
 
-    def _compute(self, snap: Snapshot, route) -> int:
+    def _rtc_request(self, obs: Observation, queue_empty: bool) -> RtcRequest | None:
+        """The prefix (the last chunk's actions from obs.stamp on) and the delay estimate; None when RTC is
+        off or there is nothing to continue."""
+        if self._rtc is None:
+            return None
+        if queue_empty:
+            self._rtc.reset()
+        req = self._rtc.request(obs.stamp, 1.0 / self.cfg.action_rate_hz)
+        self.last_rtc = req
+        return req
+
+    def _compute(self, snap: Snapshot, route, queue_empty: bool = False) -> int:
         c, spec = self.cfg, self.engine.spec
         now = self._now()
         obs = assemble(snap, required=c.required, model_keys=spec.camera_keys, image_hw=self._image_hw,
                        max_age_s=c.max_observation_age_s, now=now, resize=c.resize_images)
         if isinstance(obs, Refusal):
             return self._refuse(obs)
+        rtc = self._rtc_request(obs, queue_empty)
         decision = self._choose_target(route, now)
         self.last_route = "edge (no decision)" if decision is None else \
             f"{decision.target} ({decision.candidate}: {decision.reason})"
@@ -361,12 +384,12 @@ class VlaNode(LifecycleNode):
         noise = self._shadow.noise((spec.chunk_size, spec.max_action_dim)) if shadow else None
         chunk, source, served = None, "edge", None
         if decision is not None and decision.target == "cloud":
-            chunk, source, served = self._cloud(obs, decision, seq, noise)
+            chunk, source, served = self._cloud(obs, decision, seq, noise, rtc)
         if chunk is None:
             if not self._active:
                 return 0  # stopping: no edge fallback for a cloud call cut short
             try:
-                chunk, served = self._edge(obs, seq, source, noise)
+                chunk, served = self._edge(obs, seq, source, noise, rtc=rtc)
             except ValueError as e:
                 return self._refuse(Refusal("model_rejected", str(e)))
         if c.inference_delay_ms > 0:  # a slower model, simulated: the chunk is published this much later
@@ -378,20 +401,27 @@ class VlaNode(LifecycleNode):
             return 0
         self._chunk_pub.publish(chunk_to_msg(chunk))
         self._seq = seq
+        if self._rtc is not None:
+            self._rtc.sent(chunk.actions, chunk.stamp, chunk.dt)
+            self._rtc.measured(ready - obs.stamp)
+            self.rtc_chunks += rtc is not None
+            self.rtc_estimate = (self._rtc.delay.latency_s(), self._rtc.delay.ticks())
         self.chunks += 1
         self.routes[source] += 1
         self.lat["frame_to_chunk"].add(ready - obs.stamp)
         self.last_outcome = "chunk"
         if shadow:
-            self._shadow_other(obs, decision, seq, noise, served)
+            self._shadow_other(obs, decision, seq, noise, served, rtc)
         return seq
 
     def _edge(self, obs: Observation, seq: int, source: str, noise,
-              served: bool = True) -> tuple[ActionChunk, PlacementRun]:
+              served: bool = True, rtc: RtcRequest | None = None) -> tuple[ActionChunk, PlacementRun]:
         """The engine's chunk (ValueError when the model rejects the observation) and its run record;
-        the latency statistics count served chunks only."""
+        the latency statistics count served chunks only. ``rtc``: real-time chunking's prefix and delay."""
         t0 = time.perf_counter()
-        chunk = self.engine.predict(obs, noise=noise, dt=1.0 / self.cfg.action_rate_hz, seq=seq, source=source)
+        chunk = self.engine.predict(obs, noise=noise, dt=1.0 / self.cfg.action_rate_hz, seq=seq, source=source,
+                                    rtc_prefix=None if rtc is None else rtc.prefix,
+                                    rtc_delay=0 if rtc is None else rtc.delay)
         took = time.perf_counter() - t0
         if served:
             tm = self.engine.last_timings
@@ -400,13 +430,17 @@ class VlaNode(LifecycleNode):
             self.lat["compute"].add(tm.total_s)
         return chunk, PlacementRun("edge", chunk.actions, took)
 
-    def _call_cloud(self, obs: Observation, params, seq: int, noise) -> tuple[ActionChunk, PlacementRun]:
+    def _call_cloud(self, obs: Observation, params, seq: int, noise,
+                    rtc: RtcRequest | None = None) -> tuple[ActionChunk, PlacementRun]:
         """The remote policy's chunk within cloud_deadline_s, or an exception saying why not."""
         if self.remote is None:
             raise RuntimeError("no cloud client")
         deadline = self.cfg.cloud_deadline_s
         t0 = time.perf_counter()
-        chunk = self.remote.predict(obs, deadline, **_cloud_kwargs(params, seq, 1.0 / self.cfg.action_rate_hz, noise))
+        kwargs = _cloud_kwargs(params, seq, 1.0 / self.cfg.action_rate_hz, noise)
+        if rtc is not None:
+            kwargs.update(rtc_prefix=rtc.prefix, rtc_delay=rtc.delay)
+        chunk = self.remote.predict(obs, deadline, **kwargs)
         took = time.perf_counter() - t0
         if took > deadline:
             raise TimeoutError(f"cloud answered after {took:.3f}s (deadline {deadline:g}s)")
@@ -419,12 +453,12 @@ class VlaNode(LifecycleNode):
         return chunk, PlacementRun("cloud", chunk.actions, took, upload)
 
     def _cloud(self, obs: Observation, decision: RouteDecision, seq: int,
-               noise=None) -> tuple[ActionChunk | None, str, PlacementRun]:
+               noise=None, rtc: RtcRequest | None = None) -> tuple[ActionChunk | None, str, PlacementRun]:
         """(chunk, "cloud", run) from the remote policy, or (None, "edge-fallback", failed run) on any
         failure or late answer."""
         t0 = time.perf_counter()
         try:
-            chunk, run = self._call_cloud(obs, decision.params, seq, noise)
+            chunk, run = self._call_cloud(obs, decision.params, seq, noise, rtc)
         except Exception as e:
             self.get_logger().warning(f"cloud failed, running on the edge: {e}", throttle_duration_sec=2.0)
             return None, "edge-fallback", PlacementRun("cloud", None, time.perf_counter() - t0)
@@ -432,16 +466,16 @@ class VlaNode(LifecycleNode):
         return chunk, "cloud", run
 
     def _shadow_other(self, obs: Observation, decision: RouteDecision, seq: int, noise,
-                      served: PlacementRun) -> None:
+                      served: PlacementRun, rtc: RtcRequest | None = None) -> None:
         """Shadow mode, after publishing: the placement that did not serve, same observation and noise;
         both logged. A failed cloud run (served or shadow) leaves no reference: nothing is logged."""
         if served.placement == "edge" and decision.target == "cloud":
             return self._shadow_log(decision, seq, served, PlacementRun("cloud", None, 0.0))  # fallback
         try:
             if served.placement == "edge":
-                other = self._call_cloud(obs, {}, seq, noise)[1]  # raw images: the best reference
+                other = self._call_cloud(obs, {}, seq, noise, rtc)[1]  # raw images: the best reference
             else:
-                other = self._edge(obs, seq, "edge", noise, served=False)[1]
+                other = self._edge(obs, seq, "edge", noise, served=False, rtc=rtc)[1]
         except Exception as e:
             self.get_logger().warning(f"shadow run on the {'cloud' if served.placement == 'edge' else 'edge'} "
                                       f"failed: {e}", throttle_duration_sec=2.0)
@@ -487,6 +521,12 @@ class VlaNode(LifecycleNode):
             v.update({f"cloud_{k}": x for k, x in self.remote.stats().items()})
         if self._shadow is not None:
             v.update(self._shadow.stats())
+        if self._rtc is not None:
+            r = self.last_rtc
+            v.update({"rtc_chunks": self.rtc_chunks, "rtc_delay_ticks": r.delay if r is not None else 0,
+                      "rtc_prefix_rows": r.prefix.shape[0] if r is not None else 0,
+                      "rtc_latency_estimate_ms": self.rtc_estimate[0] * 1e3,
+                      "rtc_delay_estimate_ticks": self.rtc_estimate[1]})
         snap = self.cache.snapshot(now)
         for key in self.cfg.camera_keys:
             f = snap.frames.get(key)

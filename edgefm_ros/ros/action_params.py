@@ -20,7 +20,8 @@ PARAMS = (
               choices=COMMAND_TYPES),
     ParamSpec("command_topic", "str", "edgefm/command", "Command output topic."),
     ParamSpec("aggregate", "str", "weighted_average", "How an arriving chunk merges with queued actions "
-              "(LeRobot's functions).", choices=tuple(sorted(AGGREGATE_FUNCTIONS))),
+              "(LeRobot's functions; rtc: the new chunk replaces the queue from the first unexecuted tick, for "
+              "vla_node's rtc_enabled).", choices=tuple(sorted(AGGREGATE_FUNCTIONS))),
     ParamSpec("chunk_size_threshold", "float", 0.5, "Request a chunk when queue/chunk falls below this "
               "(1.0: infer continuously).", range=(0.0, 1.0)),
     ParamSpec("chunk_topic", "str", "edgefm/action_chunk", "Input: edgefm_ros/ActionChunk."),

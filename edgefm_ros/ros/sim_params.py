@@ -22,6 +22,10 @@ PARAMS = (
               "starts.", range=(0.0, 60.0)),
     ParamSpec("start_delay_s", "float", 0.0, "Seconds to hold before the first episode (e.g. while the model "
               "warms up).", range=(0.0, 600.0)),
+    ParamSpec("command_guard_s", "float", 0.05, "Commands stamped less than this after an episode start are "
+              "ignored: action_node may still command from the old episode until the episode_start message "
+              "reaches it (the new episode's first chunk needs a render and an inference first).",
+              range=(0.0, 1.0)),
     ParamSpec("wait_for_start", "bool", False, "Hold before the first episode until a message arrives on "
               "reset_topic (a harness starts the episodes once the policy is up)."),
     ParamSpec("image_height", "int", 0, "Camera image height; 0: the simulator's default.", range=(0, 1024)),
@@ -64,6 +68,7 @@ class SimNodeConfig:
     timeout_s: float
     settle_s: float
     start_delay_s: float
+    command_guard_s: float
     wait_for_start: bool
     image_height: int
     image_width: int

@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.runtime.modes import MODES
+from edgefm_ros.control.delay import DelayConfig
+from edgefm_ros.runtime.rtc import GUIDANCE_FORMS, SCHEDULES, RtcConfig
 from edgefm_ros.ros.params import ParamSpec, validate
 
 NODE_NAME = "vla_node"
@@ -76,6 +78,24 @@ PARAMS = (
               "as when the cloud is the shadow (its images then go raw, at the captured resolution)."),
     ParamSpec("inference_delay_ms", "float", 0.0, "Added to every chunk's inference before it is published "
               "(a fixed extra latency, to measure task success against latency); 0: none.", range=(0.0, 10000.0)),
+    # Real-time chunking (runtime/rtc.py, control/rtc.py): each chunk's denoising is guided toward the last
+    # chunk's actions from the observation's time on; pair with action_node's `aggregate: rtc`.
+    ParamSpec("rtc_enabled", "bool", False, "Real-time chunking: guide each new chunk toward the previous chunk's "
+              "actions that run while it is computed (edge and cloud). Use with action_node aggregate: rtc."),
+    ParamSpec("rtc_schedule", "str", "LINEAR", "RTC prefix weights over the chunk (LeRobot's "
+              "prefix_attention_schedule).", choices=SCHEDULES),
+    ParamSpec("rtc_execution_horizon", "int", 10, "RTC: chunk positions at and after this get no guidance.",
+              range=(1, 1000)),
+    ParamSpec("rtc_max_guidance_weight", "float", 10.0, "RTC: cap of the per-step guidance weight (beta).",
+              range=(0.001, 1000.0)),
+    ParamSpec("rtc_guidance", "str", "constant", "RTC guidance form: constant (LeRobot: no backward pass) or vjp "
+              "(the RTC paper's: a backward pass through the expert; needs mode reference).", choices=GUIDANCE_FORMS),
+    ParamSpec("rtc_delay_percentile", "float", 90.0, "RTC delay estimate: this percentile of the recent "
+              "observation-to-chunk latencies, in control ticks.", range=(1.0, 100.0)),
+    ParamSpec("rtc_delay_window", "int", 20, "RTC delay estimate: latencies of the last this many chunks.",
+              range=(1, 10000)),
+    ParamSpec("rtc_delay_warmup", "int", 1, "RTC delay estimate: the first this many latencies (cold start) are "
+              "left out once later ones exist.", range=(0, 1000)),
     ParamSpec("merge_timeout_s", "float", 1.0, "A published chunk not reported merged by action_node within "
               "this is considered lost.", range=(0.01, 60.0)),
     ParamSpec("diagnostics_period_s", "float", 1.0, "Period of /diagnostics.", range=(0.05, 60.0)),
@@ -117,6 +137,14 @@ class VlaNodeConfig:
     shadow_edge_candidate: str
     shadow_cloud_candidate: str
     inference_delay_ms: float
+    rtc_enabled: bool
+    rtc_schedule: str
+    rtc_execution_horizon: int
+    rtc_max_guidance_weight: float
+    rtc_guidance: str
+    rtc_delay_percentile: float
+    rtc_delay_window: int
+    rtc_delay_warmup: int
     merge_timeout_s: float
     diagnostics_period_s: float
     autostart: bool
@@ -162,6 +190,13 @@ class VlaNodeConfig:
     @property
     def action_names(self) -> tuple[str, ...]:
         return self.action_joint_names or self.state_joint_names
+
+    def rtc(self) -> RtcConfig:
+        return RtcConfig(self.rtc_schedule, self.rtc_max_guidance_weight, self.rtc_execution_horizon,
+                         self.rtc_guidance)
+
+    def delay(self, chunk_size: int) -> DelayConfig:
+        return DelayConfig(self.rtc_delay_percentile, self.rtc_delay_window, self.rtc_delay_warmup, chunk_size)
 
 
 def make_config(values: Mapping[str, Any]) -> VlaNodeConfig:

@@ -55,10 +55,11 @@ class LiveConfig:
     wait_for_start: bool = False  # hold before the first episode until request(None)
     repeat: bool = False  # start over after the last episode
     max_catchup_s: float = 0.25  # the most physics one update advances; a longer gap slips
+    command_guard_s: float = 0.0  # commands stamped less than this after an episode start are ignored
     joint_names: tuple[str, ...] = ("ee_x", "ee_y", "ee_z", "gripper")
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "settle_s", "start_delay_s"):
+        for name in ("timeout_s", "settle_s", "start_delay_s", "command_guard_s"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"LiveConfig.{name} must be a number >= 0, got {v!r}")
@@ -175,7 +176,7 @@ class LiveSim:
         stamp = stamp if stamp > 0 else now
         with self.lock:
             cur = self.current
-            if cur is None or self.phase != "running" or stamp < cur.start:
+            if cur is None or self.phase != "running" or stamp < cur.start + self.cfg.command_guard_s:
                 self.stale_total += 1
                 if cur is not None:
                     cur.stale += 1

@@ -49,7 +49,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
               f"{TRAIN_SEEDS.stop - 1}); evaluation seeds are {EVAL_SEEDS.start}-{EVAL_SEEDS.stop - 1} "
               f"(--allow-train-seeds to go on)", file=sys.stderr)
         return 2
-    if args.exec == "sync":
+    if args.exec == "async":
+        from edgefm_ros.sim.async_loop import run_async_eval
+        from edgefm_ros.tools.sim_ros import default_checkpoint
+
+        report = run_async_eval(args.checkpoint or str(default_checkpoint()), args.tasks, seeds, aggregate=args.aggregate or "weighted_average",
+                                delay_ms=args.delay_ms, compute_ms=args.compute_ms, max_seconds=args.max_seconds,
+                                log=lambda m: print(m, flush=True))
+    elif args.exec == "sync":
         from edgefm_ros.sim.rollout import run_sync_eval
 
         report = run_sync_eval(args.checkpoint, args.tasks, seeds, delay_ms=args.delay_ms,
@@ -86,9 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", default=None, help="checkpoint dir (default: the committed one)")
     e.add_argument("--tasks", default=None, help="comma-separated (default: the checkpoint's tasks / all)")
     e.add_argument("--seeds", default=f"{EVAL_SEEDS.start}-{EVAL_SEEDS.start + 19}", help="A-B (inclusive)")
-    e.add_argument("--exec", choices=("ros", "sync"), default="ros")
+    e.add_argument("--exec", choices=("ros", "sync", "async"), default="ros",
+                   help="ros: the node graph; sync: the policy blocks simulated time; async: the graph's queue and "
+                        "chunk requests on the simulated clock (latency = --compute-ms + --delay-ms)")
     e.add_argument("--delay-ms", type=float, default=0.0, help="extra inference delay per chunk")
-    e.add_argument("--aggregate", default=None, help="action_node chunk aggregation (ros)")
+    e.add_argument("--aggregate", default=None, help="action_node chunk aggregation (ros, async): "
+                   "weighted_average, latest_only, average, conservative or rtc (real-time chunking)")
+    e.add_argument("--compute-ms", type=float, default=50.0, help="async: simulated inference time per chunk")
     e.add_argument("--n-action-steps", type=int, default=None, help="sync: actions executed per chunk "
                    "(default: the checkpoint's n_action_steps)")
     e.add_argument("--max-seconds", type=float, default=None, help="sync: episode time limit (default: the "

@@ -67,6 +67,8 @@ def graph_params(checkpoint: str, episodes: Sequence[str], *, delay_ms: float = 
     p["vla_node"].update(checkpoint=str(checkpoint), vlm_dir=vlm_dir, inference_delay_ms=float(delay_ms))
     if aggregate:
         p["action_node"]["aggregate"] = aggregate
+    if p["action_node"].get("aggregate") == "rtc":  # the rtc merge needs chunks guided to continue the queue
+        p["vla_node"]["rtc_enabled"] = True
     if os.geteuid() == 0:  # the robot's side keeps real time on a busy machine (a warning where not granted)
         p["action_node"].setdefault("realtime_priority", 50)
         p["sim_node"]["realtime_priority"] = p["sim_node"].get("realtime_priority") or 40
@@ -277,9 +279,10 @@ def joint_states(bag: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return t, np.array([list(m.position) for _, m in rows], dtype=np.float64).reshape(len(rows), -1)
 
 
-def outcomes_and_timing(run, windows: Sequence[Window], results: Sequence[dict], control_hz: float
-                        ) -> tuple[list[EpisodeOutcome], dict]:
-    """Per-episode outcomes (commands, chunk boundaries) and the graph's timing over the episodes."""
+def outcomes_and_timing(run, windows: Sequence[Window], results: Sequence[dict], control_hz: float,
+                        guard_s: float = 0.0) -> tuple[list[EpisodeOutcome], dict]:
+    """Per-episode outcomes (commands, chunk boundaries) and the graph's timing over the episodes. Commands
+    stamped within ``guard_s`` of an episode start are the old episode's (sim_node ignores them)."""
     from edgefm_ros.tools.bag.analyze import percentiles
 
     cmd_t = np.asarray(run.cmd_stamp, dtype=np.float64)
@@ -291,7 +294,7 @@ def outcomes_and_timing(run, windows: Sequence[Window], results: Sequence[dict],
     by_key = {(r["task"], int(r["seed"]), round(r["start_time"], 3)): r for r in results}
     outcomes, periods, lat, under_warm, ticks = [], [], [], 0, 0
     for w in windows:
-        sel = (cmd_t >= w.start) & (cmd_t <= w.end)
+        sel = (cmd_t >= w.start + guard_s) & (cmd_t <= w.end)
         cmds, ct = cmd_p[sel], cmd_t[sel]
         mine = (recv >= w.start) & (recv <= w.end) & (obs >= w.start)  # chunks of this episode
         bounds = sorted({int(np.searchsorted(ct, t)) for t in recv[mine] if np.searchsorted(ct, t) < len(ct)})
@@ -374,7 +377,8 @@ def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, de
         events = list(g.events)
     run = read_run(str(g.session.record_path), COMMAND_TOPIC)
     control_hz = float(params["action_node"]["control_rate_hz"])
-    outcomes, timing = outcomes_and_timing(run, episode_windows(events), read_results(results_path), control_hz)
+    outcomes, timing = outcomes_and_timing(run, episode_windows(events), read_results(results_path), control_hz,
+                                           float(params["sim_node"].get("command_guard_s", 0.0)))
     report = make_report(outcomes, exec_mode="ros", checkpoint=str(checkpoint), control_hz=control_hz,
                          timing=timing, settings={"delay_ms": delay_ms, "aggregate":
                                                   params["action_node"]["aggregate"], "episodes": list(episodes),

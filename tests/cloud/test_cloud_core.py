@@ -53,7 +53,8 @@ def test_metadata_declares_every_tensor_the_clients_send_and_decode_accepts(rng)
     limits = vla.VlaLimits(camera_keys=cams, state_dim=6, noise_shape=(8, 32), action_dim=6)
     obs = Observation({k: rng.integers(0, 256, (20, 30, 3), dtype=np.uint8) for k in cams},
                       rng.standard_normal(6).astype(np.float32), "pick")
-    req = vla.encode_request(obs, Encoding(), request_id="m", dt=0.1, noise=np.zeros((8, 32), np.float32))
+    req = vla.encode_request(obs, Encoding(), request_id="m", dt=0.1, noise=np.zeros((8, 32), np.float32),
+                             rtc_prefix=rng.standard_normal((3, 6)).astype(np.float32), rtc_delay=2)
     meta = vla.metadata(limits)
     declared = {t["name"]: t for t in meta["inputs"]}
     assert set(declared) == {i["name"] for i in req["inputs"]}

@@ -262,7 +262,7 @@ def test_tritonclient_infers_from_the_metadata_alone(server, local_engine, rng):
         assert tc.is_model_ready("smolvla", headers=headers)
         meta = tc.get_model_metadata("smolvla", headers=headers)
         inputs = {t["name"]: t for t in meta["inputs"]}
-        assert set(inputs) == {"state", "task", "noise", *spec.camera_keys}
+        assert set(inputs) == {"state", "task", "noise", "rtc_prefix", *spec.camera_keys}
         assert (inputs["state"]["datatype"], inputs["state"]["shape"]) == ("FP32", [spec.state_dim])
         assert (inputs["noise"]["datatype"], inputs["noise"]["shape"]) == ("FP32", [spec.chunk_size,
                                                                                     spec.max_action_dim])

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from edgefm_ros.control import AGGREGATE_FUNCTIONS, ActionQueue, Commander, TickGrid, get_aggregate, resample
+from edgefm_ros.control import AGGREGATE_FUNCTIONS, REPLACING, ActionQueue, Commander, TickGrid, get_aggregate, resample
 
 RNG = np.random.default_rng()
 
@@ -21,7 +21,7 @@ def test_aggregate_functions_match_lerobot_weights(name, w_old):
 def test_unknown_aggregate_names_the_value():
     with pytest.raises(ValueError, match="'median'"):
         get_aggregate("median")
-    assert set(AGGREGATE_FUNCTIONS) == {"weighted_average", "latest_only", "average", "conservative"}
+    assert set(AGGREGATE_FUNCTIONS) == {"weighted_average", "latest_only", "average", "conservative", "rtc"}
 
 
 def test_resample_is_linear_interpolation_in_time():
@@ -50,7 +50,7 @@ def test_rows_whose_time_passed_are_skipped_by_measured_latency():
     assert item[1] == 3
 
 
-@pytest.mark.parametrize("name", sorted(AGGREGATE_FUNCTIONS))
+@pytest.mark.parametrize("name", sorted(set(AGGREGATE_FUNCTIONS) - REPLACING))
 def test_overlap_is_aggregated_and_old_tail_dropped(name):
     period = 0.02
     q = ActionQueue(TickGrid(0.0, period), name)

@@ -38,6 +38,9 @@ def vla_request() -> tuple[dict, list[Tensor]]:
     params = {"stamp": 12.5, "dt": 0.02, "seq": 3, "deadline_s": 0.5, "missing": []}
     inputs = [Tensor("state", "FP32", [3], {}, [0.1, -0.2, 0.3]), Tensor("task", "BYTES", [1], {}, ["pick it"]),
               raw_image(), raw_image(3, 4, 1)._replace(name="cam2"), Tensor("noise", "FP32", [4, 2], {}, [0.0] * 8)]
+    if hasattr(vla, "RTC_PREFIX"):  # real-time chunking's optional inputs
+        inputs.append(Tensor(vla.RTC_PREFIX, "FP32", [2, 2], {}, [0.5, -0.5, 0.25, 0.0]))
+        params[vla.RTC_DELAY] = 1
     return params, inputs
 
 

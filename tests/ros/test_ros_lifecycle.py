@@ -175,7 +175,8 @@ def test_action_node_keeps_a_control_thread_that_does_not_stop(ctx, capfd):
     assert node.trigger_configure() == R.SUCCESS and node.trigger_activate() == R.SUCCESS
     assert node.control_thread_running
     core = node.core
-    with core.lock:  # the control thread blocks in its next tick
+    with core.lock:  # the control thread blocks in its next tick (one period is 20 ms), past its stop check
+        time.sleep(0.2)
         t0 = time.monotonic()
         assert node.trigger_deactivate() == R.ERROR
         took = time.monotonic() - t0
@@ -309,3 +310,48 @@ def test_vla_node_follows_the_route_and_falls_back_to_the_edge(ctx, tiny_model, 
         assert node.routes[want] == 1
     finally:
         node.trigger_deactivate()
+
+
+def _physics_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "physics" and t.is_alive()]
+
+
+def test_sim_node_releases_everything_and_puts_the_executor_scheduling_back(ctx):
+    """sim_node: a configure that fails after the simulator thread was built and some publishers were made
+    (an invalid topic name) leaves no thread and no publisher behind; one that works, configured twice on
+    the same node, puts the executor thread's scheduling back at deactivate and ends its thread at cleanup."""
+    from skips import require_module
+
+    require_module("metaworld", "the simulator (metaworld, mujoco) is not installed")
+    from rclpy.lifecycle import TransitionCallbackReturn as R
+
+    from edgefm_ros.nodes.sim_node import SimNode
+    from edgefm_ros.ros.realtime import Scheduling, scheduling_of
+
+    one = dict(episodes=["button-press-topdown:1000"], joint_states_topic="/sim_lc/joint_states",
+               instruction_topic="/sim_lc/instruction", command_topic="/sim_lc/command")
+    bad = SimNode(context=ctx, parameter_overrides=_params(camera_topics=["/sim_lc/scene", "not a topic"], **one))
+    base = _entities(bad)
+    assert bad.trigger_configure() == R.FAILURE
+    assert _entities(bad) == base and bad.env is None and bad.live is None and not _physics_threads()
+
+    node = SimNode(context=ctx, parameter_overrides=_params(
+        camera_topics=["/sim_lc/scene", "/sim_lc/wrist"], realtime_priority=3, **one))
+    base = _entities(node)
+    fifo = _can_use_fifo(2)
+    tid = threading.get_native_id()
+    before = scheduling_of(tid)
+    try:
+        for cycle in range(2):
+            assert node.trigger_configure() == R.SUCCESS, cycle
+            assert len(_physics_threads()) == 1 and _entities(node)[0] > base[0]
+            assert node.trigger_activate() == R.SUCCESS
+            want = Scheduling(tid, os.SCHED_FIFO, 2) if fifo else before
+            assert scheduling_of(tid) == want
+            assert node.trigger_deactivate() == R.SUCCESS
+            assert scheduling_of(tid) == before and node.executor_rt.previous is None
+            assert node.trigger_cleanup() == R.SUCCESS
+            assert _entities(node) == base and node.env is None and not _physics_threads(), cycle
+    finally:
+        node.stop_for_exit()
+        os.sched_setscheduler(tid, before.policy, os.sched_param(before.priority))

@@ -65,3 +65,12 @@ def test_bad_sim_parameters_are_named():
         sim_params.make_config({"joint_names": ["a", "b", "c"]})
     with pytest.raises(ValueError, match="'command_type'"):
         sim_params.make_config({"command_type": "twist"})
+
+
+def test_rcl_parses_the_sim_params_file(ros):
+    """rcl's own YAML parser (stricter than PyYAML: 'task:seed' in a flow list must be quoted)."""
+    from rclpy.context import Context
+
+    ctx = Context()
+    ctx.init(["--ros-args", "--params-file", str(REPO / "config" / "sim.yaml")])
+    ctx.try_shutdown()

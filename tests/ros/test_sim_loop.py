@@ -182,10 +182,15 @@ def test_vla_node_killed_the_arm_holds_restarted_the_episode_goes_on(sim, random
         t_hold = time.time()
         time.sleep(2.2)
         t_restart = time.time()
+        before = int(s.diagnostics("action_node")["chunks"])
         s.start_node("vla_node")
         s.wait_active(("vla_node",), timeout=60)
         assert s.wait_for(lambda: s.diagnostics("action_node").get("holding") == "false", 20)
-        time.sleep(2.0)
+        t_resumed = time.time()
+        # action_node's own count (the recorder may miss a restarted publisher's first chunks during discovery)
+        assert s.wait_for(lambda: int(s.diagnostics("action_node")["chunks"]) >= before + 3, 20), \
+            "no chunks merged after the restart"
+        time.sleep(1.0)
         events = list(g.events)
     run = read_run(str(s.record_path), COMMAND_TOPIC)
     js_t, js_p = joint_states(s.record_path)
@@ -194,11 +199,9 @@ def test_vla_node_killed_the_arm_holds_restarted_the_episode_goes_on(sim, random
     moved = np.linalg.norm(js_p[hold, :3] - js_p[hold][0, :3], axis=1).max()
     assert moved < 0.005, f"the arm moved {moved * 1e3:.1f} mm in 2 s with vla_node dead"
     assert max(run.chunk_recv[i] for i in range(len(run.chunk_recv)) if run.chunk_recv[i] < t_restart) < t_kill + 0.2
-    after = [t for t in run.chunk_recv if t > t_restart]
-    assert len(after) >= 3, "no chunks after the restart"
     starts = [e for e in events if e["event"] == "start"]
     assert len(starts) == 1 and not [e for e in events if e["event"] in ("success", "timeout", "reset")], events
-    resumed = (js_t > after[0]) & (js_t < after[0] + 2.0)
+    resumed = (js_t > t_resumed - 0.5) & (js_t < t_resumed + 2.0)
     assert np.linalg.norm(js_p[resumed, :3] - js_p[resumed][0, :3], axis=1).max() > 0.005, \
         "the arm did not move again after vla_node came back"
 

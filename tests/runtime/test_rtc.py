@@ -11,6 +11,7 @@ import torch
 from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.runtime.preprocess import InputError
 from edgefm_ros.runtime.rtc import RtcConfig, guided_velocity, prefix_weights, rtc_inputs
+from skips import gpu_mark
 
 
 def _seed() -> int:
@@ -223,3 +224,39 @@ def test_vjp_refused_by_inference_only_kernels(exact_engine):
     with pytest.raises(ValueError, match="vjp"):
         Engine(exact_engine.ckpt, dataclasses.replace(exact_engine.config, rtc=RtcConfig(guidance="vjp")),
                exact_engine.hardware)
+
+
+def test_rtc_inputs_have_one_static_structure(setup):
+    """Any delay and prefix length give the same tensor shapes and graph structure: one captured decode."""
+    from edgefm_ros.runtime import graphs
+
+    e, inp, prefix = setup
+    cfg = e.model_config
+    c, a = cfg.chunk_size, cfg.max_action_dim
+    noise = torch.zeros(1, c, a)
+    specs, shapes = set(), set()
+    for n, d in [(1, 0), (c, c + 5), (max(1, c // 2), 2)]:
+        leaves, spec = graphs.flatten((prefix, noise, rtc_inputs(torch.randn(n, cfg.action_dim), d, e.rtc, c, a)))
+        specs.add(repr(spec))
+        shapes.add(tuple((tuple(t.shape), t.dtype) for t in leaves))
+    assert len(specs) == 1 and len(shapes) == 1
+
+
+@gpu_mark("CUDA graphs need a CUDA device")
+def test_captured_guided_decode_replays_any_delay(tiny):
+    e = Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="exact", vision_position_ids="legacy", device="cuda")
+    e.warmup()
+    e.capture_graphs()
+    cfg = e.model_config
+    c, a = cfg.chunk_size, cfg.max_action_dim
+    inp = e.inputs_from_observation(e.synthetic_observation(7))
+    prefix = e.prefill(inp)
+    seed = _seed()
+    g = torch.Generator().manual_seed(seed)
+    for n, d in [(c, 2), (max(1, c - 3), 0), (2, 5)]:
+        noise = torch.randn(1, c, a, generator=g)
+        rtc = e.rtc_inputs(torch.randn(n, cfg.action_dim, generator=g).numpy(), d)
+        got = e.sample(inp, noise, rtc)  # the captured graph
+        want = e.decode(prefix, noise.cuda(), rtc=rtc)  # eager
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"seed {seed} n={n} d={d}: {m}")
+    assert torch.equal(e.sample(inp, noise), e.decode_graph(prefix, noise.cuda()).clone())

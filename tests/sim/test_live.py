@@ -160,3 +160,20 @@ def test_config_errors_name_the_value():
         LiveConfig(settle_s=-1.0)
     with pytest.raises(ValueError, match="unknown tasks \\['fly'\\]"):
         LiveSim(Arm(), TASKS, [Episode("fly", 1)], LiveConfig())
+
+
+def test_commands_just_after_a_start_are_the_old_episode_s():
+    """action_node may command from the old episode until the episode-start message reaches it: a command
+    stamped within command_guard_s of the start is ignored, a later one is applied."""
+    arm = Arm()
+    live = LiveSim(arm, TASKS, [Episode("reach", 3)], LiveConfig(command_guard_s=0.05))
+    live.update(10.0)
+    start = arm.pos.copy()
+    far = np.append(start + 0.2, 0.0)
+    assert not live.command(JOINTS, far, 10.03, 10.03)
+    _run(live, 10.01, 10.3)
+    np.testing.assert_allclose(arm.pos, start)
+    assert live.stale_total == 1
+    assert live.command(JOINTS, far, 10.3, 10.3)
+    _run(live, 10.3, 10.5)
+    assert np.linalg.norm(arm.pos - start) > 0.05

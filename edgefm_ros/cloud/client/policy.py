@@ -48,7 +48,8 @@ class RemotePolicy(Protocol):
 
     def predict(self, obs: Observation, deadline_s: float, encoding: Encoding = Encoding(), *,
                 noise: np.ndarray | None = None, seq: int = 0, dt: float = DEFAULT_DT,
-                request_id: str | None = None) -> ActionChunk: ...
+                request_id: str | None = None, rtc_prefix: np.ndarray | None = None,
+                rtc_delay: int = 0) -> ActionChunk: ...
 
     def stats(self) -> dict: ...
 
@@ -84,11 +85,11 @@ class CloudPolicy(ClientBase):
 
     # ---------------------------------------------------------------- one exchange (worker thread)
 
-    def _worker(self, obs: Observation, enc: Encoding, noise, seq: int, dt: float, request_id: str,
+    def _worker(self, obs: Observation, enc: Encoding, noise, seq: int, dt: float, request_id: str, rtc,
                 deadline: float, call: Call) -> CallResult:
         t0 = time.monotonic()
         request = encode_request(obs, enc, request_id=request_id, dt=dt, seq=seq, noise=noise,
-                                 extra=self._request_parameters(deadline))
+                                 extra=self._request_parameters(deadline), rtc_prefix=rtc[0], rtc_delay=rtc[1])
         body = request_body(request)
         encode_s = time.monotonic() - t0
         ex, attempts = self._post(body, deadline, call, encoding_key(enc), "request")
@@ -115,7 +116,8 @@ class CloudPolicy(ClientBase):
 
     def submit(self, obs: Observation, deadline_s: float, encoding: Encoding = Encoding(), *,
                noise: np.ndarray | None = None, seq: int = 0, dt: float = DEFAULT_DT,
-               request_id: str | None = None) -> PendingCall:
+               request_id: str | None = None, rtc_prefix: np.ndarray | None = None,
+               rtc_delay: int = 0) -> PendingCall:
         """Starts a call in the background; ``PendingCall.result()`` returns the chunk or raises CloudError.
 
         Call ``result()`` on every PendingCall: it does the bookkeeping (breaker, link, counters) in the
@@ -124,13 +126,16 @@ class CloudPolicy(ClientBase):
         if err is not None:
             return PendingCall.failed(self, err, deadline)
         return self._start(deadline, encoding_key(encoding), self._worker, obs, encoding, noise, seq, dt,
-                           request_id or uuid.uuid4().hex[:16])
+                           request_id or uuid.uuid4().hex[:16], (rtc_prefix, rtc_delay))
 
     def predict(self, obs: Observation, deadline_s: float, encoding: Encoding = Encoding(), *,
                 noise: np.ndarray | None = None, seq: int = 0, dt: float = DEFAULT_DT,
-                request_id: str | None = None) -> ActionChunk:
-        """A chunk from the cloud (source "cloud") within ``deadline_s`` seconds, or CloudError."""
-        return self.submit(obs, deadline_s, encoding, noise=noise, seq=seq, dt=dt, request_id=request_id).result()
+                request_id: str | None = None, rtc_prefix: np.ndarray | None = None,
+                rtc_delay: int = 0) -> ActionChunk:
+        """A chunk from the cloud (source "cloud") within ``deadline_s`` seconds, or CloudError.
+        ``rtc_prefix`` (n, action_dim) raw units and ``rtc_delay`` ticks: real-time chunking on the server."""
+        return self.submit(obs, deadline_s, encoding, noise=noise, seq=seq, dt=dt, request_id=request_id,
+                           rtc_prefix=rtc_prefix, rtc_delay=rtc_delay).result()
 
     def predict_or_edge(self, obs: Observation, deadline_s: float, edge: Callable[[], ActionChunk],
                         encoding: Encoding = Encoding(), *, hedge: bool = False, edge_reserve_s: float = 0.0,

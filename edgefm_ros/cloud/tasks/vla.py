@@ -9,6 +9,9 @@ Request (REST JSON; the same tensors over gRPC, with bytes instead of base64 tex
     "task"        BYTES [1]   utf-8 instruction
     <camera key>  BYTES [1]   one per camera sent (core/protocol.py: the image convention)
     "noise"       FP32  [chunk_size, max_action_dim]  (optional: exact-mode comparisons)
+    "rtc_prefix"  FP32  [n, action_dim], 1 <= n <= chunk_size (optional: real-time chunking; raw units,
+                  the previous chunk's actions from the observation's time on), with the parameter
+                  "rtc_delay" (integer in [0, chunk_size], default 0: control ticks executed meanwhile)
 Response:
   outputs: "actions" FP32 [chunk_size, action_dim] (unnormalised)
   parameters: {"model", "seq", "runs" (chunks computed by this server so far), and seconds: "queue_s"
@@ -18,6 +21,7 @@ Response:
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +37,9 @@ from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.types import Observation
 
-STATE, TASK_TEXT, NOISE, ACTIONS = "state", "task", "noise", "actions"
+STATE, TASK_TEXT, NOISE, ACTIONS, RTC_PREFIX = "state", "task", "noise", "actions", "rtc_prefix"
+RTC_DELAY = "rtc_delay"
+NON_CAMERA = (STATE, TASK_TEXT, NOISE, RTC_PREFIX)
 DEVICES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees a GPU
 
 
@@ -63,6 +69,8 @@ class VlaRequest:
     dt: float
     seq: int
     deadline_s: float | None  # budget the client had left when it sent the request
+    rtc_prefix: np.ndarray | None = None  # float32 (n, action_dim) raw units: real-time chunking's A_prev
+    rtc_delay: int = 0  # control ticks (real-time chunking)
 
 
 def check_engine_choices(owner: str, mode: str, vision_position_ids: str, device: str) -> None:
@@ -108,13 +116,17 @@ class VlaRuntimeConfig:
 
 def encode_request(obs: Observation, enc: Encoding, *, request_id: str, dt: float, seq: int = 0,
                    noise: np.ndarray | None = None, deadline_s: float | None = None,
-                   extra: Mapping[str, Any] | None = None) -> dict:
+                   extra: Mapping[str, Any] | None = None, rtc_prefix: np.ndarray | None = None,
+                   rtc_delay: int = 0) -> dict:
     """Observation -> v2 REST request dict (images as base64 text)."""
     inputs = [p.float_input(STATE, obs.state), p.text_input(TASK_TEXT, obs.task)]
     inputs += [p.image_input(key, img, enc) for key, img in obs.images.items()]
     if noise is not None:
         inputs.append(p.float_input(NOISE, noise))
     params: dict[str, Any] = {"stamp": float(obs.stamp), "dt": float(dt), "seq": int(seq), "missing": list(obs.missing)}
+    if rtc_prefix is not None:
+        inputs.append(p.float_input(RTC_PREFIX, np.asarray(rtc_prefix, dtype=np.float32)))
+        params[RTC_DELAY] = int(rtc_delay)
     return p.request_dict(request_id, inputs, params, deadline_s, extra)
 
 
@@ -133,8 +145,8 @@ def decode_response(body: Mapping[str, Any]) -> tuple[np.ndarray, dict]:
 def decode_request(request_id: str, params: Mapping[str, Any], inputs: Sequence[Tensor],
                    limits: VlaLimits) -> VlaRequest:
     """Validate and decode a v2 request; raises ProtocolError naming the first problem found."""
-    by_name = p.index_inputs(inputs, (STATE, TASK_TEXT, NOISE), lambda n: True)
-    cameras = [n for n in by_name if n not in (STATE, TASK_TEXT, NOISE)]
+    by_name = p.index_inputs(inputs, NON_CAMERA, lambda n: True)
+    cameras = [n for n in by_name if n not in NON_CAMERA]
     if len(cameras) > len(limits.camera_keys):
         raise ProtocolError(f"too many cameras: {len(cameras)} sent, the model takes {len(limits.camera_keys)} "
                             f"({', '.join(limits.camera_keys)})")
@@ -155,9 +167,29 @@ def decode_request(request_id: str, params: Mapping[str, Any], inputs: Sequence[
     state = p.float_tensor(by_name[STATE], (limits.state_dim,))
     task = p.text(by_name[TASK_TEXT], limits.max_task_chars)
     noise = p.float_tensor(by_name[NOISE], limits.noise_shape) if NOISE in by_name else None
+    rtc_prefix, rtc_delay = rtc_inputs(by_name, params, limits)
     images = {k: p.image(by_name[k], limits.max_side, limits.max_image_bytes, params) for k in cameras}
     obs = Observation(images=images, state=state, task=task, stamp=stamp, missing=tuple(missing))
-    return VlaRequest(str(request_id or ""), obs, noise, dt, seq, deadline_s)
+    return VlaRequest(str(request_id or ""), obs, noise, dt, seq, deadline_s, rtc_prefix, rtc_delay)
+
+
+def rtc_inputs(by_name: Mapping[str, Tensor], params: Mapping[str, Any],
+               limits: VlaLimits) -> tuple[np.ndarray | None, int]:
+    """(rtc_prefix (n, action_dim) or None, rtc_delay); ProtocolError naming the bad field."""
+    chunk = limits.noise_shape[0]
+    if RTC_PREFIX not in by_name:
+        if RTC_DELAY in params:
+            raise ProtocolError(f"parameter {RTC_DELAY!r} needs the input {RTC_PREFIX!r}")
+        return None, 0
+    t = by_name[RTC_PREFIX]
+    shape = list(t.shape)
+    width = limits.action_dim if limits.action_dim > 0 else limits.noise_shape[1]
+    if not (len(shape) == 2 and isinstance(shape[0], int) and 1 <= shape[0] <= chunk and shape[1] == width):
+        raise ProtocolError(f"input {RTC_PREFIX!r} must have shape [n, {width}] with 1 <= n <= {chunk}, "
+                            f"got {shape}")
+    prefix = p.float_tensor(t, (shape[0], width))
+    delay = p.number(params, RTC_DELAY, 0, int, 0, chunk)
+    return prefix, delay
 
 
 def encode_response(actions: np.ndarray, model: str, seq: int, timings: Mapping[str, float], runs: int = 0) -> dict:
@@ -167,8 +199,10 @@ def encode_response(actions: np.ndarray, model: str, seq: int, timings: Mapping[
     return {"outputs": [p.float_input(ACTIONS, actions)], "parameters": params}
 
 
-def metadata(limits: VlaLimits) -> dict:
-    """The model's inputs, outputs and request parameters, for GET /v2/models/<name>."""
+def metadata(limits: VlaLimits, rtc: Mapping[str, Any] | None = None) -> dict:
+    """The model's inputs, outputs and request parameters, for GET /v2/models/<name>; ``rtc``: the server's
+    real-time-chunking settings (schedule, execution_horizon, max_guidance_weight, guidance), as text."""
+    rtc_parameters = {f"rtc_{k}": str(v) for k, v in (rtc or {}).items()}
     inputs = [tensor_spec(STATE, "FP32", [limits.state_dim]),
               tensor_spec(TASK_TEXT, "BYTES", [1], {"data": f"the instruction, 1..{limits.max_task_chars} "
                                                              "characters of utf-8 text"})]
@@ -177,6 +211,11 @@ def metadata(limits: VlaLimits) -> dict:
     inputs += [tensor_spec(k, "BYTES", [1], {**p.IMAGE_INPUT_PARAMETERS, **sides}) for k in limits.camera_keys]
     inputs.append(tensor_spec(NOISE, "FP32", list(limits.noise_shape),
                               {"optional": "the flow-matching start noise (exact-mode comparisons)"}))
+    width = limits.action_dim if limits.action_dim > 0 else limits.noise_shape[1]
+    inputs.append(tensor_spec(RTC_PREFIX, "FP32", [-1, width],
+                              {"optional": "real-time chunking: the previous chunk's actions (raw units) from the "
+                                           f"observation's time on, 1..{limits.noise_shape[0]} rows; with the "
+                                           f"parameter {RTC_DELAY}", **rtc_parameters}))
     outputs = [tensor_spec(ACTIONS, "FP32", [limits.noise_shape[0], limits.action_dim],
                            {"data": "the action chunk, unnormalised, row-major"})]
     params = {"stamp": "finite number: the observation's time (s)",
@@ -184,6 +223,8 @@ def metadata(limits: VlaLimits) -> dict:
               "missing": f"list of camera keys not sent (of {list(limits.camera_keys)})",
               "deadline_s": "number >= 0 (optional): the client's budget (s) from receipt; 504 when it ran out "
                             "before the model ran",
+              RTC_DELAY: f"integer in [0, {limits.noise_shape[0]}] (only with the input {RTC_PREFIX}; default 0): "
+                         "control ticks the robot executes the previous chunk while this one is computed",
               **p.IMAGE_REQUEST_PARAMETERS,
               "response": "parameters model, seq, runs and the seconds " + ", ".join(p.TIMING_KEYS)}
     return {"inputs": inputs, "outputs": outputs, "parameters": params}
@@ -222,7 +263,8 @@ class VlaServed:
         if faults.get("fault_delay_s", 0.0) > 0:
             time.sleep(faults["fault_delay_s"])
         t0 = time.perf_counter()
-        chunk = self.engine.predict(req.obs, noise=req.noise, dt=req.dt, seq=req.seq, source="cloud")
+        chunk = self.engine.predict(req.obs, noise=req.noise, dt=req.dt, seq=req.seq, source="cloud",
+                                    rtc_prefix=req.rtc_prefix, rtc_delay=req.rtc_delay)
         t = self.engine.last_timings
         self.runs += 1
         timings = clock.timings({"engine_s": time.perf_counter() - t0, "prefill_s": t.prefill_s,
@@ -230,7 +272,7 @@ class VlaServed:
         return encode_response(chunk.actions, self.label, req.seq, timings, self.runs)
 
     def metadata(self) -> dict:
-        return metadata(self.limits)
+        return metadata(self.limits, dataclasses.asdict(self.engine.rtc))
 
 
 def model_extra(cfg, base: Mapping[str, Any]) -> dict:
