@@ -8,9 +8,9 @@ and previous chunks. Run in the LeRobot 0.4.4 environment of ../shared/reference
     /work/lerobot-venv/bin/python scripts/lerobot_rtc_goldens.py --harness H --variant full \
         --out H/artifacts/full/golden-rtc/rtc.safetensors
 
-Writes tests/runtime/data/lerobot044_rtc_tiny.safetensors (TINY, the default): per case i "noise.i", "prev.i" (normalised, the
-unpadded prefix LeRobot is given), "actions.i" (LeRobot's result), and "meta.i" = [delay, horizon,
-schedule index, max_guidance_weight]; plus "schedules" (the order of the schedule names, as codes).
+Writes tests/runtime/data/lerobot044_rtc_tiny.safetensors (TINY, the default): per case i "noise.i",
+"prev.i" (normalised, the unpadded prefix LeRobot is given), "actions.i" (LeRobot's result) and "meta.i" =
+[delay, horizon, schedule index, max_guidance_weight]; plus "schedules" (the schedule names' order, as codes).
 """
 from __future__ import annotations
 

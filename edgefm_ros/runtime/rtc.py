@@ -40,7 +40,8 @@ class RtcConfig:
             raise ValueError(f"RtcConfig.guidance must be one of {GUIDANCE_FORMS}, got {self.guidance!r}")
         if not (isinstance(self.max_guidance_weight, (int, float)) and math.isfinite(self.max_guidance_weight)
                 and self.max_guidance_weight > 0):
-            raise ValueError(f"RtcConfig.max_guidance_weight must be a finite number > 0, got {self.max_guidance_weight!r}")
+            raise ValueError(f"RtcConfig.max_guidance_weight must be a finite number > 0, "
+                             f"got {self.max_guidance_weight!r}")
         if not isinstance(self.execution_horizon, int) or isinstance(self.execution_horizon, bool) \
                 or self.execution_horizon < 1:
             raise ValueError(f"RtcConfig.execution_horizon must be an integer >= 1, got {self.execution_horizon!r}")
@@ -100,7 +101,8 @@ def rtc_inputs(prev: torch.Tensor | np.ndarray, delay: int, config: RtcConfig, c
         raise ValueError(f"rtc prefix must have shape [n, a] or [B, n, a], got {tuple(p.shape)}")
     b, n, a = p.shape
     if n < 1 or n > chunk or a < 1 or a > width:
-        raise ValueError(f"rtc prefix shape {tuple(p.shape)}: need 1 <= n <= {chunk} actions of 1 <= a <= {width} values")
+        raise ValueError(f"rtc prefix shape {tuple(p.shape)}: need 1 <= n <= {chunk} actions of "
+                         f"1 <= a <= {width} values")
     if not torch.isfinite(p).all():
         raise ValueError("rtc prefix holds non-finite values")
     if not isinstance(delay, (int, np.integer)) or delay < 0:

@@ -112,11 +112,21 @@ def test_fuzz_vqa_request(case):
     assert req.question.strip() and 1 <= req.max_new_tokens <= 16 and len(req.images) <= 2
 
 
-@given(body=st.dictionaries(st.sampled_from(["outputs", "parameters", "id"]), values | st.lists(
-    st.fixed_dictionaries({"name": st.sampled_from(["actions", "answer", "tokens", "x"]), "shape": values,
-                           "data": values, "datatype": values}), max_size=3)))
+outputs = st.lists(st.fixed_dictionaries({"name": st.sampled_from(["actions", "answer", "tokens", "x"]),
+                                          "shape": values | st.lists(st.integers(-1, 5), max_size=3),
+                                          "data": values | st.lists(st.floats(width=32), max_size=12),
+                                          "datatype": values}), max_size=3)
+event_params = st.dictionaries(st.sampled_from(["event", "status", "error", "delta", "text", "tokens", "x"]),
+                               values | st.sampled_from(["delta", "final", "error"]) | st.integers(300, 600), max_size=4)
+
+
+@given(body=values | st.dictionaries(st.sampled_from(["outputs", "parameters", "id"]),
+                                     values | outputs | event_params, max_size=3))
 def test_fuzz_response_decoders(body):
-    for decode in (vla.decode_response, vqa.decode_vqa_response):
+    """What a client reads from a server (or from anything answering at its address)."""
+    decoders = [vla.decode_response, vqa.decode_vqa_response] + ([vqa.decode_vqa_event]
+                                                                   if hasattr(vqa, "decode_vqa_event") else [])
+    for decode in decoders:
         try:
             decode(body)
         except ValueError:

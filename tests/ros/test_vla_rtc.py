@@ -102,3 +102,13 @@ def test_rtc_parameters_validated(ctx, tiny_model):
             assert node.trigger_configure() == want, mode
         finally:
             node.destroy_node()
+
+
+def test_sim_graph_params_pair_rtc_merge_with_rtc_guidance(ros):
+    """`edgefm-sim eval --exec ros --aggregate rtc`: action_node's rtc merge comes with vla_node's guidance."""
+    from edgefm_ros.tools.sim_ros import graph_params
+
+    on = graph_params("ckpt", ["reach:1000"], aggregate="rtc")
+    assert on["action_node"]["aggregate"] == "rtc" and on["vla_node"]["rtc_enabled"] is True
+    off = graph_params("ckpt", ["reach:1000"], aggregate="latest_only")
+    assert off["action_node"]["aggregate"] == "latest_only" and not off["vla_node"].get("rtc_enabled", False)

@@ -78,7 +78,8 @@ def test_config_rejects_bad_values():
     for kw, name in [({"schedule": "linear"}, "schedule"), ({"guidance": "exact"}, "guidance"),
                      ({"max_guidance_weight": 0.0}, "max_guidance_weight"),
                      ({"max_guidance_weight": float("nan")}, "max_guidance_weight"),
-                     ({"execution_horizon": 0}, "execution_horizon"), ({"execution_horizon": 2.5}, "execution_horizon")]:
+                     ({"execution_horizon": 0}, "execution_horizon"),
+                     ({"execution_horizon": 2.5}, "execution_horizon")]:
         with pytest.raises(ValueError, match=name):
             RtcConfig(**kw)
 
@@ -134,7 +135,7 @@ def test_delayed_actions_track_previous_chunk(setup):
         assert err_g < 0.25 * err_f, f"seed {seed} d={d}: guided {err_g:.3f} vs unguided {err_f:.3f}"
 
 
-def test_no_prefix_and_zero_weights_are_bitwise_unguided(tiny, setup):
+def test_no_prefix_and_zero_weights_are_bitwise_unguided(setup):
     e, inp, prefix = setup
     cfg = e.model_config
     seed = _seed()

@@ -6,7 +6,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 
 from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.runtime.rtc import SCHEDULES, RtcConfig, rtc_inputs
@@ -70,5 +69,6 @@ def test_full_guided_chunk_matches_lerobot():
         got = e.decode(prefix, d[f"noise.{case}"], rtc=rtc_inputs(d[f"prev.{case}"], int(delay), cfg, mc.chunk_size,
                                                                   mc.max_action_dim))
         err = (got - d[f"actions.{case}"]).abs().max().item()
-        print(f"FULL RTC case {case} ({cfg.schedule}, d={int(delay)}, H={int(horizon)}): max |ours - LeRobot| {err:.2e}")
+        print(f"FULL RTC case {case} ({cfg.schedule}, d={int(delay)}, H={int(horizon)}): "
+              f"max |ours - LeRobot| {err:.2e}")
         assert err <= 1e-4, f"case {case}: {err:.2e}"

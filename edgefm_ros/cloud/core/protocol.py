@@ -83,11 +83,22 @@ def request_body(request: dict) -> bytes:
 
 def response_outputs(body: Mapping[str, Any], names: Sequence[str]) -> dict[str, Mapping]:
     """The named outputs of a v2 response dict; ValueError naming the first one missing."""
-    outs = {o.get("name"): o for o in body.get("outputs", []) if isinstance(o, Mapping)}
+    listed = body.get("outputs", []) if isinstance(body, Mapping) else None
+    if not isinstance(listed, list):
+        raise ValueError(f"response 'outputs' must be a list, got {listed!r:.80}")
+    outs = {str(o.get("name")): o for o in listed if isinstance(o, Mapping)}
     for need in names:
         if need not in outs:
             raise ValueError(f"response has no {need!r} output (outputs: {sorted(map(str, outs))})")
     return outs
+
+
+def response_parameters(body: Mapping[str, Any]) -> dict:
+    """The ``parameters`` of a v2 response dict ({} when absent); ValueError when not an object."""
+    params = body.get("parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"response 'parameters' must be an object, got {params!r:.80}")
+    return dict(params)
 
 
 def server_seconds(params: Mapping[str, Any]) -> dict[str, float]:

@@ -35,6 +35,7 @@ from edgefm_ros.cloud.core.task import Task, check_at_least, config_from_extra
 from edgefm_ros.cloud.core.timing import RequestClock
 from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
+from edgefm_ros.runtime.modes import Mode, check_mode
 from edgefm_ros.types import Observation
 
 STATE, TASK_TEXT, NOISE, ACTIONS, RTC_PREFIX = "state", "task", "noise", "actions", "rtc_prefix"
@@ -75,8 +76,7 @@ class VlaRequest:
 
 def check_engine_choices(owner: str, mode: str, vision_position_ids: str, device: str) -> None:
     """ValueError naming a mode, vision-position-id convention or device the Engine does not have."""
-    if mode not in ("exact", "fast"):
-        raise ValueError(f"{owner}mode must be 'exact' or 'fast', got {mode!r}")
+    check_mode(mode, what=f"{owner}mode")
     if vision_position_ids not in VISION_POSITION_ID_CHOICES:
         raise ValueError(f"{owner}vision_position_ids must be one of {VISION_POSITION_ID_CHOICES}, "
                          f"got {vision_position_ids!r}")
@@ -90,7 +90,7 @@ class VlaRuntimeConfig:
 
     checkpoint: str
     vlm: str | None = None
-    mode: str = "exact"
+    mode: Mode = "exact"
     vision_position_ids: str = "auto"  # legacy | fixed | auto (runtime/checkpoint.resolve_vision_position_ids)
     device: str = "auto"  # "cpu" | "cuda" | "auto" (cuda when available)
     threads: int | None = None  # torch threads of the engine (None: the engine's default)
@@ -134,10 +134,13 @@ def decode_response(body: Mapping[str, Any]) -> tuple[np.ndarray, dict]:
     """v2 response dict -> (float32 (chunk, action_dim) actions, parameters); ValueError if malformed."""
     o = p.response_outputs(body, (ACTIONS,))[ACTIONS]
     shape = o.get("shape")
-    if not (isinstance(shape, list) and len(shape) == 2):
-        raise ValueError(f"response actions shape must be [chunk, action_dim], got {shape!r}")
-    actions = np.asarray(o.get("data"), dtype=np.float32).reshape(shape)
-    return actions, dict(body.get("parameters") or {})
+    if not (isinstance(shape, list) and len(shape) == 2 and all(type(s) is int and s >= 0 for s in shape)):
+        raise ValueError(f"response actions shape must be [chunk, action_dim], got {shape!r:.80}")
+    try:
+        actions = np.asarray(o.get("data"), dtype=np.float32).reshape(shape)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"response actions data is not {shape[0]} x {shape[1]} numbers ({e})") from None
+    return actions, p.response_parameters(body)
 
 
 # ---------------------------------------------------------------- server side

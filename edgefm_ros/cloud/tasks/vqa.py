@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from edgefm_ros.cloud.core import protocol as p
+from edgefm_ros.runtime.modes import Mode, check_mode
 from edgefm_ros.cloud.core.protocol import ProtocolError, Tensor, tensor_spec
 from edgefm_ros.cloud.core.task import Task, check_at_least, config_from_extra
 from edgefm_ros.cloud.core.timing import RequestClock
@@ -95,7 +96,7 @@ class VqaRuntimeConfig:
     package."""
 
     model: str = ""
-    mode: str = "exact"
+    mode: Mode = "exact"
     kv_codec: str | None = None  # forces a KV codec (plain, int8); None: the dispatch table decides
     capacity: int = 2048  # KV positions (prompt + answer)
     threads: int | None = None  # torch threads of the engine
@@ -108,8 +109,7 @@ class VqaRuntimeConfig:
     fault_injection: bool = False  # honour the request parameters fault_delay_s, fault_token_delay_s (tests only)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("exact", "fast", "reference"):
-            raise ValueError(f"VqaRuntimeConfig.mode must be 'exact', 'fast' or 'reference', got {self.mode!r}")
+        check_mode(self.mode, what="VqaRuntimeConfig.mode")
         if self.capacity < 64:
             raise ValueError(f"VqaRuntimeConfig.capacity must be >= 64, got {self.capacity!r}")
         if self.threads is not None and self.threads < 1:
@@ -153,7 +153,7 @@ def decode_vqa_response(body: Mapping[str, Any]) -> tuple[str, tuple[int, ...], 
     ids = outs[TOKENS].get("data")
     if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
         raise ValueError(f"response 'tokens' must be a list of ints, got {str(ids)[:80]}")
-    return text[0], tuple(ids), dict(body.get("parameters") or {})
+    return text[0], tuple(ids), p.response_parameters(body)
 
 
 # ---------------------------------------------------------------- server side
@@ -277,7 +277,10 @@ def decode_vqa_event(body: Mapping[str, Any]) -> VqaEvent:
     if kind == "final":
         text, ids, prm = decode_vqa_response(body)
         return VqaEvent("final", text=text, tokens=ids, params={k: v for k, v in prm.items() if k != "event"})
-    outs = [o for o in body.get("outputs", []) if isinstance(o, Mapping) and o.get("name") == DELTA]
+    listed = body.get("outputs", [])
+    if not isinstance(listed, list):
+        raise ValueError(f"delta event 'outputs' must be a list, got {listed!r:.80}")
+    outs = [o for o in listed if isinstance(o, Mapping) and o.get("name") == DELTA]
     data = outs[0].get("data") if len(outs) == 1 else None
     if not (isinstance(data, list) and len(data) == 1 and isinstance(data[0], str)):
         raise ValueError(f"delta event must hold one {DELTA!r} text, got {str(body.get('outputs'))[:80]}")
