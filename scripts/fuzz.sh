@@ -13,6 +13,9 @@ LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 start=$(date +%s)
 set +e
+# memory stays bounded: an allocation a corrupted header asks for beyond this fails the case (MemoryError)
+# instead of taking the machine down
+ulimit -v "${EDGEFM_FUZZ_MAX_VM_KB:-6291456}"
 EDGEFM_FUZZ_PROFILE=campaign EDGEFM_FUZZ_EXAMPLES="$N" python -m pytest -q -p no:cacheprovider tests/fuzz -k fuzz_ \
   --hypothesis-show-statistics "$@" >"$LOG" 2>&1
 rc=$?
@@ -29,8 +32,8 @@ for line in open(sys.argv[1]):
         rows.append(cur)
     elif cur and (m := re.search(r"(\d+) passing, (\d+) failing", line)):
         cur["cases"], cur["failing"] = int(m[1]) + int(m[2]), int(m[2])
-    elif cur and (m := re.search(r"([\d.]+)%, refused", line)):
-        cur["refused"] = float(m[1])
+    elif cur and (m := re.search(r"([\d.]+)%, refused", line)):  # "refused" or "refused (<how>)": one per case
+        cur["refused"] += float(m[1])
     elif cur and (m := re.search(r"generate phase \(([\d.]+) seconds\)", line)):
         cur["s"] += float(m[1])
 for r in rows:

@@ -6,9 +6,11 @@ processing and shutdown (so a configure that failed can simply be tried again); 
 and starts the worker thread; deactivate stops taking new work.
 Callbacks only validate and cache sensor data; a QueueStatus asking for a chunk puts a snapshot in a
 one-slot buffer that the worker turns into an Observation (or refuses: stale, missing camera, ...).
-The router's latest decision picks edge or cloud; the cloud falls back to the edge on any error or a
-missed deadline ("edge-fallback"). Shadow mode (``shadow_fraction`` > 0, ros/shadow.py) runs a share of
-routed requests on the other placement too, after publishing, and logs both results for calibration.
+The router's latest decision picks edge or cloud; control/placement.py runs the request there (the cloud falls
+back to the edge on any error or a missed deadline: "edge-fallback"), with real-time chunking's prefix and delay
+on every placement, and in shadow mode (``shadow_fraction`` > 0, ros/shadow.py) a share of routed requests on
+the other placement too, after publishing, logging both results for calibration. This node gathers the
+observation, the route decision and the queue state, publishes the chunk and reports diagnostics.
 """
 from __future__ import annotations
 
@@ -25,10 +27,10 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 
 from edgefm_ros.cloud.client.policy import RemotePolicy
-from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.control.delay import DelayEstimator
+from edgefm_ros.control.placement import Computed, Placement, PlacementConfig, Rejected
 from edgefm_ros.control.request import ChunkRequester
-from edgefm_ros.control.rtc import ChunkContinuation, RtcRequest
+from edgefm_ros.control.rtc import ChunkContinuation
 from edgefm_ros.control.slot import LatestSlot
 from edgefm_ros.control.stats import RollingStats
 from edgefm_ros.msg import ActionChunk as ActionChunkMsg
@@ -40,11 +42,11 @@ from edgefm_ros.ros.convert import chunk_to_msg, image_msg_to_rgb, msg_to_route,
 from edgefm_ros.ros.joints import JointOrder
 from edgefm_ros.ros.observation import Frame, RefusalCounter, Refusal, SensorCache, Snapshot, assemble
 from edgefm_ros.ros.params import declare
-from edgefm_ros.ros.shadow import PlacementRun, Shadow, ShadowConfig
+from edgefm_ros.ros.shadow import Shadow, ShadowConfig
 from edgefm_ros.ros.vla_params import NODE_NAME, PARAMS, VlaNodeConfig, make_config
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.ros.worker import Worker
-from edgefm_ros.types import ActionChunk, Observation, RouteDecision
+from edgefm_ros.types import RouteDecision
 
 
 def _expand(path: str) -> str | None:
@@ -78,13 +80,6 @@ def make_remote_policy(cfg: VlaNodeConfig, logger, link=None) -> RemotePolicy | 
     return CloudPolicy(cfg.cloud_url, read_token(), link=link, joint_names=cfg.action_names)
 
 
-def _cloud_kwargs(params, seq: int, dt: float, noise=None) -> dict:
-    """RemotePolicy.predict's keyword arguments: the encoding the router chose (``params``: a
-    RouteDecision's; {} = raw at the captured resolution), seq, dt and the shared noise (shadow mode)."""
-    return {"encoding": Encoding.from_route(params.get("jpeg_quality", 0), params.get("resolution", 0)),
-            "seq": seq, "dt": dt, "noise": noise}
-
-
 def make_shadow(cfg: VlaNodeConfig, engine) -> Shadow | None:
     """Shadow mode's sampler and logger when shadow_fraction > 0, else None; the action std of the
     checkpoint is the quality's per-joint scale."""
@@ -105,7 +100,7 @@ class VlaNode(LifecycleNode):
         self.remote: RemotePolicy | None = remote  # optional (tests inject one)
         self._own_remote = False  # made from cloud_url at configure (closed at cleanup)
         self._shadow: Shadow | None = None
-        self._rtc: ChunkContinuation | None = None  # real-time chunking (rtc_enabled), made at configure
+        self._placement: Placement | None = None  # edge/cloud/fallback/shadow and RTC, made at configure
         self._run_id = uuid.uuid4().hex[:8]  # request ids in the shadow log: <run>-<seq>
         self._active = False
         self._worker: Worker | None = None
@@ -135,9 +130,6 @@ class VlaNode(LifecycleNode):
         self.last_outcome = ""  # "chunk" or "refused"
         self.lat = {k: RollingStats() for k in ("prefill", "decode", "compute", "frame_to_chunk", "cloud_call")}
         self.last_route = "edge (no decision)"
-        self.rtc_chunks = 0  # chunks computed with a real-time-chunking prefix
-        self.last_rtc: RtcRequest | None = None
-        self.rtc_estimate = (float("nan"), 0)  # (latency s, delay ticks), set by the worker for diagnostics
 
     # lifecycle -------------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -152,9 +144,6 @@ class VlaNode(LifecycleNode):
                                                  vision_position_ids=c.vision_position_ids, rtc=c.rtc())
             self._check_spec(c, self.engine.spec)
             spec = self.engine.spec
-            # real-time chunking: the last chunk sent and the delay estimate (None: off)
-            self._rtc = ChunkContinuation(DelayEstimator(c.delay(spec.chunk_size), 1.0 / c.action_rate_hz),
-                                          spec.chunk_size) if c.rtc_enabled else None
             log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras "
                      f"{list(spec.camera_keys)}, state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}, "
                      f"vision position ids {self.engine.vision_position_ids}")
@@ -182,6 +171,12 @@ class VlaNode(LifecycleNode):
                 self._shadow = make_shadow(c, self.engine)
             except (ValueError, OSError) as e:
                 raise ValueError(f"shadow mode: {e}") from e
+            # real-time chunking: the last chunk sent and the delay estimate (None: off)
+            rtc = ChunkContinuation(DelayEstimator(c.delay(spec.chunk_size), 1.0 / c.action_rate_hz),
+                                    spec.chunk_size) if c.rtc_enabled else None
+            self._placement = Placement(self.engine, PlacementConfig(1.0 / c.action_rate_hz, c.cloud_deadline_s,
+                                                                     self._run_id),
+                                        rtc=rtc, shadow=self._shadow, lat=self.lat, log=self._placement_log)
         except Exception as e:  # bad parameters, checkpoint, topic or shadow log: unconfigured, holding nothing
             log.error(f"configure failed: {e}")
             self._release()
@@ -252,7 +247,7 @@ class VlaNode(LifecycleNode):
         self._close_shadow()
         self.engine = None
         self._route = None
-        self._rtc = None
+        self._placement = None
 
     def _stop_worker(self) -> None:
         self._active = False
@@ -280,6 +275,11 @@ class VlaNode(LifecycleNode):
         if self._shadow is not None:
             self._shadow.close()
             self._shadow = None
+
+    @property
+    def _rtc(self) -> ChunkContinuation | None:
+        """Real-time chunking's state (the last chunk sent, the delay estimate); None when off."""
+        return self._placement.rtc if self._placement is not None else None
 
     # callbacks: validate and cache -----------------------------------------------------------------------
     def _now(self) -> float:
@@ -357,17 +357,6 @@ class VlaNode(LifecycleNode):
             return None
         return route[0]
 
-    def _rtc_request(self, obs: Observation, queue_empty: bool) -> RtcRequest | None:
-        """The prefix (the last chunk's actions from obs.stamp on) and the delay estimate; None when RTC is
-        off or there is nothing to continue."""
-        if self._rtc is None:
-            return None
-        if queue_empty:
-            self._rtc.reset()
-        req = self._rtc.request(obs.stamp, 1.0 / self.cfg.action_rate_hz)
-        self.last_rtc = req
-        return req
-
     def _compute(self, snap: Snapshot, route, queue_empty: bool = False) -> int:
         c, spec = self.cfg, self.engine.spec
         now = self._now()
@@ -375,119 +364,42 @@ class VlaNode(LifecycleNode):
                        max_age_s=c.max_observation_age_s, now=now, resize=c.resize_images)
         if isinstance(obs, Refusal):
             return self._refuse(obs)
-        rtc = self._rtc_request(obs, queue_empty)
         decision = self._choose_target(route, now)
         self.last_route = "edge (no decision)" if decision is None else \
             f"{decision.target} ({decision.candidate}: {decision.reason})"
         seq = self._seq + 1
-        shadow = self._shadow is not None and self._shadow.wants(decision)
-        noise = self._shadow.noise((spec.chunk_size, spec.max_action_dim)) if shadow else None
-        chunk, source, served = None, "edge", None
-        if decision is not None and decision.target == "cloud":
-            chunk, source, served = self._cloud(obs, decision, seq, noise, rtc)
-        if chunk is None:
-            if not self._active:
-                return 0  # stopping: no edge fallback for a cloud call cut short
-            try:
-                chunk, served = self._edge(obs, seq, source, noise, rtc=rtc)
-            except ValueError as e:
-                return self._refuse(Refusal("model_rejected", str(e)))
+        try:
+            out: Computed | None = self._placement.compute(obs, decision, seq, self.remote, queue_empty,
+                                                            active=lambda: self._active)
+        except Rejected as e:
+            return self._refuse(Refusal("model_rejected", str(e)))
+        if out is None:
+            return 0  # stopping
         if c.inference_delay_ms > 0:  # a slower model, simulated: the chunk is published this much later
             time.sleep(c.inference_delay_ms * 1e-3)
         ready = self._now()
-        chunk = dataclasses.replace(chunk, joint_names=c.action_names, stamp=obs.stamp, seq=seq,
-                                    source=source, dt=1.0 / c.action_rate_hz, inference_s=ready - obs.stamp)
+        chunk = dataclasses.replace(out.chunk, joint_names=c.action_names, stamp=obs.stamp, seq=seq,
+                                    source=out.source, dt=1.0 / c.action_rate_hz, inference_s=ready - obs.stamp)
         if not self._active or not self.context.ok():
             return 0
         self._chunk_pub.publish(chunk_to_msg(chunk))
         self._seq = seq
-        if self._rtc is not None:
-            self._rtc.sent(chunk.actions, chunk.stamp, chunk.dt)
-            self._rtc.measured(ready - obs.stamp)
-            self.rtc_chunks += rtc is not None
-            self.rtc_estimate = (self._rtc.delay.latency_s(), self._rtc.delay.ticks())
         self.chunks += 1
-        self.routes[source] += 1
+        self.routes[out.source] += 1
         self.lat["frame_to_chunk"].add(ready - obs.stamp)
         self.last_outcome = "chunk"
-        if shadow:
-            self._shadow_other(obs, decision, seq, noise, served, rtc)
+        self._placement.published(out, chunk, ready - obs.stamp)  # RTC bookkeeping, then any shadow run
         return seq
 
-    def _edge(self, obs: Observation, seq: int, source: str, noise,
-              served: bool = True, rtc: RtcRequest | None = None) -> tuple[ActionChunk, PlacementRun]:
-        """The engine's chunk (ValueError when the model rejects the observation) and its run record;
-        the latency statistics count served chunks only. ``rtc``: real-time chunking's prefix and delay."""
-        t0 = time.perf_counter()
-        chunk = self.engine.predict(obs, noise=noise, dt=1.0 / self.cfg.action_rate_hz, seq=seq, source=source,
-                                    rtc_prefix=None if rtc is None else rtc.prefix,
-                                    rtc_delay=0 if rtc is None else rtc.delay)
-        took = time.perf_counter() - t0
-        if served:
-            tm = self.engine.last_timings
-            self.lat["prefill"].add(tm.prefill_s)
-            self.lat["decode"].add(tm.decode_s)
-            self.lat["compute"].add(tm.total_s)
-        return chunk, PlacementRun("edge", chunk.actions, took)
-
-    def _call_cloud(self, obs: Observation, params, seq: int, noise,
-                    rtc: RtcRequest | None = None) -> tuple[ActionChunk, PlacementRun]:
-        """The remote policy's chunk within cloud_deadline_s, or an exception saying why not."""
-        if self.remote is None:
-            raise RuntimeError("no cloud client")
-        deadline = self.cfg.cloud_deadline_s
-        t0 = time.perf_counter()
-        kwargs = _cloud_kwargs(params, seq, 1.0 / self.cfg.action_rate_hz, noise)
-        if rtc is not None:
-            kwargs.update(rtc_prefix=rtc.prefix, rtc_delay=rtc.delay)
-        chunk = self.remote.predict(obs, deadline, **kwargs)
-        took = time.perf_counter() - t0
-        if took > deadline:
-            raise TimeoutError(f"cloud answered after {took:.3f}s (deadline {deadline:g}s)")
-        spec = self.engine.spec
-        if chunk.action_dim != spec.action_dim:
-            raise ValueError(f"cloud chunk has action_dim {chunk.action_dim}, expected {spec.action_dim}")
-        self.lat["cloud_call"].add(took)
-        last = getattr(self.remote, "last", None)
-        upload = int(getattr(last, "upload_bytes", 0)) if last is not None else 0
-        return chunk, PlacementRun("cloud", chunk.actions, took, upload)
-
-    def _cloud(self, obs: Observation, decision: RouteDecision, seq: int,
-               noise=None, rtc: RtcRequest | None = None) -> tuple[ActionChunk | None, str, PlacementRun]:
-        """(chunk, "cloud", run) from the remote policy, or (None, "edge-fallback", failed run) on any
-        failure or late answer."""
-        t0 = time.perf_counter()
-        try:
-            chunk, run = self._call_cloud(obs, decision.params, seq, noise, rtc)
-        except Exception as e:
-            self.get_logger().warning(f"cloud failed, running on the edge: {e}", throttle_duration_sec=2.0)
-            return None, "edge-fallback", PlacementRun("cloud", None, time.perf_counter() - t0)
-        self.lat["compute"].add(run.latency_s)
-        return chunk, "cloud", run
-
-    def _shadow_other(self, obs: Observation, decision: RouteDecision, seq: int, noise,
-                      served: PlacementRun, rtc: RtcRequest | None = None) -> None:
-        """Shadow mode, after publishing: the placement that did not serve, same observation and noise;
-        both logged. A failed cloud run (served or shadow) leaves no reference: nothing is logged."""
-        if served.placement == "edge" and decision.target == "cloud":
-            return self._shadow_log(decision, seq, served, PlacementRun("cloud", None, 0.0))  # fallback
-        try:
-            if served.placement == "edge":
-                other = self._call_cloud(obs, {}, seq, noise, rtc)[1]  # raw images: the best reference
-            else:
-                other = self._edge(obs, seq, "edge", noise, served=False, rtc=rtc)[1]
-        except Exception as e:
-            self.get_logger().warning(f"shadow run on the {'cloud' if served.placement == 'edge' else 'edge'} "
-                                      f"failed: {e}", throttle_duration_sec=2.0)
-            other = PlacementRun("cloud" if served.placement == "edge" else "edge", None, 0.0)
-        self._shadow_log(decision, seq, served, other)
-
-    def _shadow_log(self, decision: RouteDecision, seq: int, served: PlacementRun, other: PlacementRun) -> None:
-        try:
-            self._shadow.record(f"{self._run_id}-{seq}", decision, served, other)
-        except (ValueError, OSError) as e:
-            self._shadow.skipped["log_error"] += 1
-            self.get_logger().error(f"shadow log: {e}", throttle_duration_sec=5.0)
+    def _placement_log(self, kind: str, message: str) -> None:
+        """control/placement.py's messages; rclpy throttles per call site, so each kind has its own line."""
+        log = self.get_logger()
+        if kind == "shadow_log":
+            log.error(message, throttle_duration_sec=5.0)
+        elif kind == "shadow_failed":
+            log.warning(message, throttle_duration_sec=2.0)
+        else:  # cloud_failed
+            log.warning(message, throttle_duration_sec=2.0)
 
     def _refuse(self, r: Refusal) -> int:
         self.refusals.add(r)
@@ -521,12 +433,13 @@ class VlaNode(LifecycleNode):
             v.update({f"cloud_{k}": x for k, x in self.remote.stats().items()})
         if self._shadow is not None:
             v.update(self._shadow.stats())
-        if self._rtc is not None:
-            r = self.last_rtc
-            v.update({"rtc_chunks": self.rtc_chunks, "rtc_delay_ticks": r.delay if r is not None else 0,
+        p = self._placement
+        if p is not None and p.rtc is not None:
+            r = p.last_rtc
+            v.update({"rtc_chunks": p.rtc_chunks, "rtc_delay_ticks": r.delay if r is not None else 0,
                       "rtc_prefix_rows": r.prefix.shape[0] if r is not None else 0,
-                      "rtc_latency_estimate_ms": self.rtc_estimate[0] * 1e3,
-                      "rtc_delay_estimate_ticks": self.rtc_estimate[1]})
+                      "rtc_latency_estimate_ms": p.rtc_estimate[0] * 1e3,
+                      "rtc_delay_estimate_ticks": p.rtc_estimate[1]})
         snap = self.cache.snapshot(now)
         for key in self.cfg.camera_keys:
             f = snap.frames.get(key)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgefm_ros.cloud.images import jpeg_size
+
 CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8UC1": 1, "8UC3": 3}
 MAX_PIXELS = 1 << 25  # 33.5 Mpx (8K UHD fits): a compressed frame declaring more is refused before decoding
-_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
 def image_to_rgb(encoding: str, height: int, width: int, step: int, data) -> np.ndarray:
@@ -46,29 +47,10 @@ def rgb_to_image_fields(rgb: np.ndarray, encoding: str = "rgb8") -> tuple[int, i
 
 
 def declared_size(b: bytes) -> tuple[int, int] | None:
-    """(height, width) a PNG or JPEG stream declares in its header (IHDR / first SOF marker), or None."""
+    """(height, width) a PNG (IHDR) or JPEG (frame header: the cloud's reader) declares, or None."""
     if b[:8] == b"\x89PNG\r\n\x1a\n" and len(b) >= 24 and b[12:16] == b"IHDR":
         return int.from_bytes(b[20:24], "big"), int.from_bytes(b[16:20], "big")
-    if b[:2] != b"\xff\xd8":
-        return None
-    i = 2
-    while i + 4 <= len(b):  # walk the marker segments up to the first start-of-frame
-        if b[i] != 0xFF:
-            return None
-        marker = b[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length field
-            i += 2
-            continue
-        length = int.from_bytes(b[i + 2:i + 4], "big")
-        if marker in _JPEG_SOF and i + 9 <= len(b):
-            return int.from_bytes(b[i + 5:i + 7], "big"), int.from_bytes(b[i + 7:i + 9], "big")
-        if length < 2:
-            return None
-        i += 2 + length
-    return None
+    return jpeg_size(b)
 
 
 def decode_compressed(fmt: str, data) -> np.ndarray:
@@ -81,9 +63,13 @@ def decode_compressed(fmt: str, data) -> np.ndarray:
     f = fmt.lower()
     if not any(k in f for k in ("jpeg", "jpg", "png")) and f.strip():
         raise ValueError(f"unsupported compressed image format {fmt!r}; supported: jpeg, png")
+    # the decoder allocates what the header declares before reading the data: read the header first, and
+    # only PNG or JPEG (OpenCV would decode BMP, TIFF ... too, and skips junk before a JPEG frame header)
     size = declared_size(buf[:65536].tobytes())
-    if size is not None and size[0] * size[1] > MAX_PIXELS:
-        raise ValueError(f"compressed image ({fmt!r}) declares {size[0]}x{size[1]} pixels, over {MAX_PIXELS}")
+    if size is None:
+        raise ValueError(f"compressed image ({fmt!r}, {buf.size} bytes) is not a PNG or JPEG with a readable header")
+    if not 0 < size[0] * size[1] <= MAX_PIXELS:
+        raise ValueError(f"compressed image ({fmt!r}) declares {size[0]}x{size[1]} pixels, outside 1..{MAX_PIXELS}")
     bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
     if bgr is None:
         raise ValueError(f"compressed image ({fmt!r}, {buf.size} bytes) could not be decoded")

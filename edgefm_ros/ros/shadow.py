@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgefm_ros.control.placement import PLACEMENTS, PlacementRun
 from edgefm_ros.routing.features import FEATURE_NAMES
 from edgefm_ros.routing.shadow import ShadowLogger, ShadowResult, chunk_quality
 from edgefm_ros.types import RouteDecision
-
-PLACEMENTS = ("edge", "cloud")
 
 
 @dataclass(frozen=True)
@@ -43,20 +42,6 @@ class ShadowConfig:
         for name in ("edge_candidate", "cloud_candidate"):
             if not getattr(self, name):
                 raise ValueError(f"shadow {name} is empty: name the router candidate it is logged as")
-
-
-@dataclass(frozen=True)
-class PlacementRun:
-    """One placement's run for a request."""
-
-    placement: str  # "edge" | "cloud"
-    actions: np.ndarray | None  # float32 (chunk, action_dim); None when the run failed
-    latency_s: float  # measured: request start -> chunk (seconds)
-    upload_bytes: int = 0  # the images sent (cloud)
-
-    def __post_init__(self) -> None:
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"PlacementRun.placement must be one of {PLACEMENTS}, got {self.placement!r}")
 
 
 class Shadow:

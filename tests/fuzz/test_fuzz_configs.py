@@ -127,13 +127,16 @@ def test_fuzz_table_and_manifest_files(tmp_path_factory, blob, cut):
     """Whole files, bytes cut or invented: YAML and UTF-8 errors included, each is the documented error."""
     path = tmp_path_factory.mktemp("yaml") / "t.yaml"
     path.write_bytes(blob[:cut])
+    refused = []
     try:
         load_table(path)
     except DispatchError as e:
-        event("table refused")
+        refused.append("table")
         assert "t.yaml" in str(e)
     try:
         load_skill(path)
     except SkillError as e:
-        event("manifest refused")
+        refused.append("manifest")
         assert "t.yaml" in str(e)
+    if refused:
+        event(f"refused ({' and '.join(refused)})")

@@ -58,12 +58,28 @@ def test_jpeg_round_trip_is_close_and_garbage_is_refused():
     rgb = np.stack([xx * 4, yy * 5, (xx + yy) * 2], axis=2).astype(np.uint8)  # smooth: JPEG-friendly
     back = decode_compressed("rgb8; jpeg compressed bgr8", encode_jpeg(rgb, 95))
     assert back.shape == rgb.shape and np.abs(back.astype(int) - rgb).mean() < 3
-    with pytest.raises(ValueError, match="could not be decoded"):
+    with pytest.raises(ValueError, match="not a PNG or JPEG"):
         decode_compressed("jpeg", RNG.integers(0, 256, 300, dtype=np.uint8).tobytes())
+    with pytest.raises(ValueError, match="could not be decoded"):  # a JPEG header, then garbage
+        decode_compressed("jpeg", encode_jpeg(rgb, 95)[:400] + RNG.integers(0, 256, 300, dtype=np.uint8).tobytes())
     with pytest.raises(ValueError, match="no data"):
         decode_compressed("jpeg", b"")
     with pytest.raises(ValueError, match="tiff"):
         decode_compressed("tiff", b"\x00" * 10)
+
+
+def test_compressed_images_declaring_too_many_pixels_or_another_format_are_refused_before_decoding():
+    import cv2
+
+    from edgefm_ros.ros.images import MAX_PIXELS
+
+    rgb = _rgb(12, 16)
+    png = bytearray(cv2.imencode(".png", rgb)[1].tobytes())
+    png[16:24] = (70000).to_bytes(4, "big") + (60000).to_bytes(4, "big")  # IHDR width, height
+    with pytest.raises(ValueError, match=f"60000x70000 pixels, outside 1..{MAX_PIXELS}"):
+        decode_compressed("png", bytes(png))
+    with pytest.raises(ValueError, match="not a PNG or JPEG"):  # OpenCV would decode it
+        decode_compressed("png", cv2.imencode(".bmp", rgb)[1].tobytes())
 
 
 def bilinear_half_pixel(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
