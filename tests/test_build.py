@@ -26,6 +26,7 @@ CONSOLE_SCRIPTS = {
     "edgefm-cloud": "edgefm_ros.cloud.cli:main",
     "edgefm-demo": "edgefm_ros.tools.demo:main",
     "edgefm-llm": "edgefm_ros.tools.llm_cli:main",
+    "edgefm-sim": "edgefm_ros.tools.sim_cli:main",
 }
 # .msg primitive -> the type name rosidl reports in get_fields_and_field_types()
 ROSIDL_NAMES = {

@@ -164,7 +164,7 @@ def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, see
     from edgefm_ros.sim.tasks import parse_tasks
 
     if checkpoint is None:
-        from edgefm_ros.tools.sim_ros import default_checkpoint
+        from edgefm_ros.sim.paths import default_checkpoint
 
         checkpoint = str(default_checkpoint())
     st = checkpoint_settings(checkpoint)

@@ -410,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     if not any(a == "--bag" or a.startswith("--bag=") for a in argv):  # the closed loop in simulation
         from edgefm_ros.tools import sim_demo
 
+        sim_flags = {o for a in sim_demo.parser()._actions for o in a.option_strings}
+        replay_only = [a.split("=")[0] for a in argv if a.startswith("--") and a.split("=")[0] not in sim_flags
+                       and a.split("=")[0] in {o for a in _parser()._actions for o in a.option_strings}]
+        if replay_only:
+            print(f"edgefm-demo: error: {', '.join(replay_only)} belong(s) to the bag replay: add --bag [BAG]",
+                  file=sys.stderr)
+            return 2
         return sim_demo.main(argv)
     args = _parser().parse_args(argv)
     try:

@@ -51,7 +51,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 2
     if args.exec == "async":
         from edgefm_ros.sim.async_loop import run_async_eval
-        from edgefm_ros.tools.sim_ros import default_checkpoint
+        from edgefm_ros.sim.paths import default_checkpoint
 
         report = run_async_eval(args.checkpoint or str(default_checkpoint()), args.tasks, seeds, aggregate=args.aggregate or "weighted_average",
                                 delay_ms=args.delay_ms, compute_ms=args.compute_ms, max_seconds=args.max_seconds,
@@ -63,7 +63,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                n_action_steps=args.n_action_steps, max_seconds=args.max_seconds,
                                log=lambda m: print(m, flush=True))
     else:
-        from edgefm_ros.tools.sim_ros import default_checkpoint, run_ros_eval
+        from edgefm_ros.sim.paths import default_checkpoint
+        from edgefm_ros.tools.sim_ros import run_ros_eval
 
         ckpt = args.checkpoint or str(default_checkpoint())
         tasks = parse_tasks(args.tasks) if args.tasks else None

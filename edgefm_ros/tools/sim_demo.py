@@ -167,7 +167,7 @@ def plot(rr, js_t: np.ndarray, js_p: np.ndarray, path: Path) -> None:
     plt.close(fig)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgefm-demo", description=__doc__.split("\n")[0] + " (closed loop; "
                                 "`edgefm-demo --bag [BAG] --help`: the bag replay)")
     p.add_argument("--checkpoint", help="SmolVLA checkpoint (default: checkpoints/smolvla-metaworld)")
@@ -212,7 +212,7 @@ def run_demo(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         run_demo(args)
     except (ValueError, RuntimeError, OSError) as e:

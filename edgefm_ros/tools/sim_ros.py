@@ -27,9 +27,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import yaml
 
+from edgefm_ros.sim.paths import default_checkpoint, share_file
 from edgefm_ros.sim.report import EpisodeOutcome, make_report
-
-REPO = Path(__file__).resolve().parents[2]
 COMMAND_TOPIC = "/edgefm/command"
 EVENTS_TOPIC = "/sim/events"
 RESET_TOPIC = "/sim/reset"
@@ -37,24 +36,6 @@ SCENE_TOPIC, WRIST_TOPIC = "/scene/image_raw", "/wrist/image_raw"
 RECORD_TOPICS = ("/edgefm/action_chunk", "/edgefm/queue_status", "/diagnostics", COMMAND_TOPIC, EVENTS_TOPIC,
                  "/joint_states", "/edgefm/route")
 POLICY_NODES = ("vla_node", "action_node")
-
-
-def share_file(*parts: str) -> Path:
-    """A file of the source tree, else of the installed share/edgefm_ros."""
-    p = REPO.joinpath(*parts)
-    if p.exists():
-        return p
-    try:
-        from ament_index_python.packages import get_package_share_directory
-
-        return Path(get_package_share_directory("edgefm_ros")).joinpath(*parts)
-    except Exception:  # noqa: BLE001 - not installed: the caller says what is missing
-        return p
-
-
-def default_checkpoint() -> Path:
-    """The committed trained checkpoint (checkpoints/smolvla-metaworld)."""
-    return share_file("checkpoints", "smolvla-metaworld")
 
 
 def graph_params(checkpoint: str, episodes: Sequence[str], *, delay_ms: float = 0.0, aggregate: str | None = None,

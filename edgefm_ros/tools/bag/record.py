@@ -60,7 +60,10 @@ class Recorder:
         if self._closed:
             return
         for topic, types in self.node.get_topic_names_and_types():
-            if topic in self._subs or (self.cfg.topics and topic not in self.cfg.topics):
+            if topic in self._subs:
+                self._downgrade_if_needed(topic)
+                continue
+            if self.cfg.topics and topic not in self.cfg.topics:
                 continue
             if not self.cfg.topics and topic in HIDDEN:
                 continue
@@ -79,6 +82,20 @@ class Recorder:
             self._queue.put(("connect", topic, msgtype))
             self._subs[topic] = self.node.create_subscription(
                 cls, topic, lambda data, t=topic: self._on_message(t, data), _compatible_qos(infos), raw=True)
+
+    def _downgrade_if_needed(self, topic: str) -> None:
+        """A best-effort publisher that appeared after a reliable one (a node started later, or restarted)
+        would never reach a reliable subscription: subscribe again best-effort (it matches both kinds)."""
+        sub = self._subs.get(topic)
+        if sub is None or sub.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT:
+            return
+        infos = self.node.get_publishers_info_by_topic(topic)
+        if not any(i.qos_profile.reliability == ReliabilityPolicy.BEST_EFFORT for i in infos):
+            return
+        self.node.destroy_subscription(sub)
+        self._subs[topic] = self.node.create_subscription(
+            sub.msg_type, topic, lambda data, t=topic: self._on_message(t, data),
+            _compatible_qos(infos), raw=True)
 
     def _on_message(self, topic: str, data: bytes) -> None:
         if not self._closed:
