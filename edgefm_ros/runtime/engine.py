@@ -299,7 +299,7 @@ class Engine:
                 raise InputError(f"camera {key!r} has no image (mark it in Observation.missing if it is absent)")
             else:
                 frames[key] = image_to_chw01(key, obs.images[key])[None]
-        state = torch.as_tensor(np.asarray(obs.state, dtype=np.float32))[None]
+        state = torch.as_tensor(np.array(obs.state, dtype=np.float32))[None]
         return self.preprocess(frames, state, [obs.task])
 
     def predict(self, obs: Observation, *, noise: np.ndarray | None = None, dt: float = 1 / 30, seq: int = 0,
