@@ -35,7 +35,7 @@ from edgefm_ros.ros import qos
 from edgefm_ros.ros.action_params import NODE_NAME, PARAMS, ActionNodeConfig, make_config
 from edgefm_ros.ros.convert import msg_to_chunk, to_sec, to_stamp
 from edgefm_ros.ros.params import declare
-from edgefm_ros.ros.realtime import FifoScope, join_within
+from edgefm_ros.ros.realtime import FifoScope, join_or_report
 from edgefm_ros.ros.spin import run_node
 
 COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
@@ -191,10 +191,7 @@ class ActionNode(LifecycleNode):
         thread = self._thread
         if thread is None:
             return True
-        log = self.get_logger()
-        if not join_within(thread, self.stop_timeout_s,
-                           lambda s: log.error(f"the control thread is still running {s:.1f} s after the stop")):
-            log.error(f"the control thread did not stop within {self.stop_timeout_s:g} s")
+        if not join_or_report(thread, self.stop_timeout_s, self.get_logger(), "control thread"):
             return False
         self._thread = None
         self._realtime = False

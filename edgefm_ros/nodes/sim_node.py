@@ -37,7 +37,7 @@ from edgefm_ros.ros import qos
 from edgefm_ros.ros.convert import rgb_to_image_msg, to_sec, to_stamp
 from edgefm_ros.ros.images import encode_jpeg
 from edgefm_ros.ros.params import declare
-from edgefm_ros.ros.realtime import FifoScope, join_within
+from edgefm_ros.ros.realtime import FifoScope, join_or_report
 from edgefm_ros.ros.sim_params import NODE_NAME, PARAMS, SimNodeConfig, make_config
 from edgefm_ros.ros.spin import run_node
 
@@ -249,10 +249,7 @@ class SimNode(LifecycleNode):
         thread = self._thread
         if thread is None:
             return True
-        log = self.get_logger()
-        if not join_within(thread, self.stop_timeout_s,
-                           lambda s: log.error(f"the physics thread is still running {s:.1f} s after the stop")):
-            log.error(f"the physics thread did not stop within {self.stop_timeout_s:g} s")
+        if not join_or_report(thread, self.stop_timeout_s, self.get_logger(), "physics thread"):
             return False
         self._thread = None
         self._realtime = False

@@ -73,3 +73,12 @@ def join_within(thread: threading.Thread, timeout_s: float, on_slow: Callable[[f
             return False
         if on_slow is not None:
             on_slow(time.monotonic() - t0)
+
+
+def join_or_report(thread: threading.Thread, timeout_s: float, log, what: str) -> bool:
+    """``join_within`` with a node's error lines: one each second ``what`` still runs after the stop, and one
+    at the bound. True once it has ended."""
+    if join_within(thread, timeout_s, lambda s: log.error(f"the {what} is still running {s:.1f} s after the stop")):
+        return True
+    log.error(f"the {what} did not stop within {timeout_s:g} s")
+    return False

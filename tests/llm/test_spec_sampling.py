@@ -132,7 +132,10 @@ def test_target_dist_and_residual():
     p = target_dist(logits, s)
     want = torch.tensor([filtered_dist(r, 0.7, 12, 0.8) for r in logits.double().tolist()], dtype=torch.float64)
     torch.testing.assert_close(p.double(), want, rtol=0, atol=1e-6)
-    assert 1 <= int((p[0] > 0).sum()) <= 12
+    for row, probs in zip(logits, p):  # what is kept is the top of the logits, at most top_k of them
+        kept = probs > 0
+        assert 1 <= int(kept.sum()) <= 12
+        assert row[kept].min() > row[~kept].max()
     q = torch.softmax(torch.randn(3, 40), -1)
     r = residual(p, q)
     excess = (p.double() - q.double()).clamp_min(0)  # the rejection rule's residual, max(p - q, 0) normalised

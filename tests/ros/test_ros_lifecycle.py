@@ -183,7 +183,7 @@ def test_action_node_keeps_a_control_thread_that_does_not_stop(ctx, capfd):
         assert node.control_thread_running, "the control thread was dropped while still running"
         assert _state(node) == "finalized"
         assert node.core is core  # nothing it uses was released under it
-    assert 1.0 <= took < 3.0  # deactivate's bound, then error processing's
+    assert took >= 2 * node.stop_timeout_s  # it gave up only after its bound: deactivate's wait, then error's
     assert _wait(lambda: not node.control_thread_running, 2.0)
     err = capfd.readouterr().err
     assert "the control thread did not stop within 0.5 s" in err
