@@ -136,10 +136,14 @@ def _jpeg_yaml(h: int, w: int) -> str:
     return f"{{header: auto, format: jpeg, data: [{','.join(map(str, buf.reshape(-1).tolist()))}]}}"
 
 
-def _pub(topic: str, mtype: str, value: str, subscribers: int = 1) -> None:
-    """``ros2 topic pub --once`` with the CLI's default QoS (reliable, volatile); it waits for
-    ``subscribers`` matching subscriptions: an incompatible QoS times out here."""
-    _ok(ros2("topic", "pub", "--once", "-w", str(subscribers), "--max-wait-time-secs", "20", topic, mtype, value,
+def _pub(topic: str, mtype: str, value: str, subscribers: int = 1, times: int = 1) -> None:
+    """``ros2 topic pub`` with the CLI's default QoS (reliable, volatile); it waits for ``subscribers``
+    matching subscriptions: an incompatible QoS times out here. Sensor topics are published ``times`` times
+    at 4 Hz, as a sensor would: the nodes take them best-effort, and a sample sent when the CLI has matched
+    the node's reader but the node has not yet matched the CLI's writer is dropped (discovery is
+    asymmetric; a single sample was lost this way on a loaded CI host)."""
+    count = ["--once"] if times == 1 else ["--times", str(times), "--rate", "4"]
+    _ok(ros2("topic", "pub", *count, "-w", str(subscribers), "--max-wait-time-secs", "20", topic, mtype, value,
              timeout=60))
 
 
@@ -150,9 +154,9 @@ def test_topic_pub_with_default_qos_reaches_every_subscription(graph):
     assert obs.wait("vla_node", lambda v: v.get("task") == task).get("task") == task
     pos = RNG.uniform(-1, 1, len(JOINTS)).round(3).tolist()
     _pub("/joint_states", "sensor_msgs/msg/JointState",
-         f"{{header: auto, name: [{', '.join(JOINTS)}], position: {pos}}}")
-    _pub(CAMERAS[0], "sensor_msgs/msg/Image", _image_yaml(48, 64), subscribers=2)
-    _pub(CAMERAS[1], "sensor_msgs/msg/CompressedImage", _jpeg_yaml(48, 64), subscribers=2)
+         f"{{header: auto, name: [{', '.join(JOINTS)}], position: {pos}}}", times=8)
+    _pub(CAMERAS[0], "sensor_msgs/msg/Image", _image_yaml(48, 64), subscribers=2, times=8)
+    _pub(CAMERAS[1], "sensor_msgs/msg/CompressedImage", _jpeg_yaml(48, 64), subscribers=2, times=8)
     v = obs.wait("vla_node", lambda v: all(math.isfinite(float(v.get(f"age_{k}_s", "nan"))) for k in CAMERA_KEYS)
                  and float(v.get("age_joint_states_s", "inf")) < 60)
     for k in CAMERA_KEYS:
