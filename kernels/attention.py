@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import cpu_attention, native
+from . import amx_attention, cpu_attention, native
 from .registry import Impl, OpSpec, register
 
 GQA_MODES = ("repeat", "native")
@@ -105,3 +105,26 @@ def _check_avx512(spec: OpSpec, params) -> str | None:
 register(Impl("attention", "avx512", lambda spec, params: Avx512Attention(), check=_check_avx512,
               doc="whole score rows in fp32 with AVX-512 (csrc/attention.c): keys packed per head, 64-key "
                   "blocks shared by all rows of a 48-query block; bool mask, GQA"))
+
+
+class AmxAttention:
+    """bf16 attention on AMX tiles (amx_attention.py, csrc/amx_attention.c), head size 64; other activation
+    dtypes are cast in and the result back."""
+
+    def __call__(self, q, k, v, mask):
+        if q.dtype == torch.bfloat16:
+            return amx_attention.attention(q, k, v, mask)
+        return amx_attention.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask).to(q.dtype)
+
+
+def _check_amx(spec: OpSpec, params) -> str | None:
+    if spec.dims.get("head_dim") != amx_attention.HEAD_DIM:
+        return f"the AMX attention kernel takes head size {amx_attention.HEAD_DIM}, got {spec.dims.get('head_dim')}"
+    if not spec.hw_profile.startswith("cpu_x86_avx512_bf16"):
+        return f"the AMX attention kernel needs an AVX512-BF16/AMX CPU profile, this is {spec.hw_profile!r}"
+    return _check_heads(spec, params) or amx_attention.unavailable()
+
+
+register(Impl("attention", "amx", lambda spec, params: AmxAttention(), check=_check_amx, precision="bf16",
+              doc="bf16 on Intel AMX tiles (csrc/amx_attention.c): Q K^T and P V on the tiles, fp32 softmax, "
+                  "P rounded to bf16; head size 64, bool mask, GQA"))

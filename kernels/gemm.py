@@ -9,7 +9,9 @@
           the next panel prefetched while one is used; made for decode, where the weights are cold
 ``post`` is an epilogue: "none", "gelu_tanh" (fused by oneDNN, applied after aten/mkl), "silu_glu" (W stacks
 gate over up, [2I, K]; the output is silu(gate) * up [..., I]: fused by the panel kernel, applied after the
-others).
+others). ``epilogue`` says who applies it: "library" (as above) or "avx512" (bf16 only: one pass of our
+csrc/bf16_rows.c over the GEMM output; oneDNN's fused GELU costs as much as the GEMM at the vision MLP's
+shape, torch's bf16 GELU/SiLU far more).
 
 Weights are converted (dtype, concatenation) once at build; ``pages.release_pages`` then asks the kernel
 to drop the resident pages of the memory-mapped source so a converted copy does not double the RSS.
@@ -21,11 +23,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from . import native, panel_gemm
+from . import bf16_rows, native, panel_gemm
 
 
 BACKENDS = ("aten", "mkl", "onednn", "panel")
 POSTS = ("none", "gelu_tanh", "silu_glu")
+EPILOGUES = ("library", "avx512")
 MAX_PACKED = 4  # packed layouts kept per weight (one per distinct row count M)
 
 
@@ -43,9 +46,22 @@ def backend_rejects(backend: str, dtype: torch.dtype) -> str | None:
     return None
 
 
+def epilogue_rejects(epilogue: str, dtype: torch.dtype) -> str | None:
+    if epilogue not in EPILOGUES:
+        return f"unknown GEMM epilogue kernel {epilogue!r}; known: {EPILOGUES}"
+    if epilogue == "avx512":
+        if dtype != torch.bfloat16:
+            return "the avx512 epilogue kernels take bf16 GEMM outputs"
+        return native.unavailable(bf16_rows.NAME)
+    return None
+
+
 def backend_check(dtype: torch.dtype):
-    """An ``Impl.check`` for impls whose ``backend`` parameter picks the GEMM path."""
+    """An ``Impl.check`` for impls whose ``backend`` (and ``epilogue``) parameters pick the GEMM path."""
     def check(spec, params) -> str | None:
+        reason = epilogue_rejects(params.get("epilogue", "library"), dtype)
+        if reason:
+            return reason
         backend = params.get("backend", "aten")
         if backend != "aten" and not spec.hw_profile.startswith("cpu"):
             return f"backend {backend!r} is a CPU GEMM, this is {spec.hw_profile!r}"
@@ -62,9 +78,9 @@ class Gemm:
     packing and ``make()`` is called again for a new row count (rare: shapes are static per chunk).
     """
 
-    def __init__(self, make, backend: str = "aten", post: str = "none"):
+    def __init__(self, make, backend: str = "aten", post: str = "none", epilogue: str = "library"):
         w, b = make()
-        reason = backend_rejects(backend, w.dtype)
+        reason = backend_rejects(backend, w.dtype) or epilogue_rejects(epilogue, w.dtype)
         if reason:
             raise ValueError(reason)
         if post not in POSTS:
@@ -72,6 +88,7 @@ class Gemm:
         if backend != "aten" and w.device.type != "cpu":
             raise ValueError(f"backend {backend!r} runs on CPU, the weight is on {w.device}")
         self.make, self.backend, self.post = make, backend, post
+        self.own_post = epilogue == "avx512" and post != "none"  # applied by bf16_rows after a plain GEMM
         self.w, self.b = w, b
         self.dtype = w.dtype
         # MKL's packed GEMM only reads the original weight for another M, which never reaches it
@@ -105,6 +122,9 @@ class Gemm:
         return p
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.own_post:
+            y = self._plain(x)
+            return bf16_rows.gelu_tanh_(y) if self.post == "gelu_tanh" else bf16_rows.silu_glu(y)
         if self.backend == "aten":
             return epilogue(F.linear(x, self.w, self.b), self.post)
         lead = x.shape[:-1]
@@ -119,6 +139,14 @@ class Gemm:
         else:
             y = epilogue(torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "none", [], ""), self.post)
         return y.view(*lead, self.out_features)
+
+    def _plain(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T + b with no epilogue, contiguous [..., N] (aten or oneDNN: the bf16 backends)."""
+        if self.backend == "aten":
+            return F.linear(x, self.w, self.b)
+        x2 = x.reshape(-1, x.shape[-1])
+        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(x2.shape[0]), self.b, "none", [], "")
+        return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def out_features(w: torch.Tensor, post: str) -> int:
@@ -152,6 +180,6 @@ def concat(weights: Sequence[tuple[torch.Tensor, "torch.Tensor | None"]], dtype:
 
 
 def gemm_factory(params):
-    """``(make, post) -> Gemm`` for an impl whose ``backend`` parameter picks the GEMM path."""
-    backend = params.get("backend", "aten")
-    return lambda make, post: Gemm(make, backend, post)
+    """``(make, post) -> Gemm`` for an impl whose ``backend`` (and ``epilogue``) parameters pick the GEMM path."""
+    backend, epilogue = params.get("backend", "aten"), params.get("epilogue", "library")
+    return lambda make, post: Gemm(make, backend, post, epilogue)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, backend_check, concat, gemm_factory
+from .gemm import BACKENDS, EPILOGUES, backend_check, concat, gemm_factory
 from .pages import release_pages
 from .registry import Impl, register
 
@@ -74,6 +74,7 @@ def _fused(dtype: torch.dtype):
 register(Impl("mlp", "fused", _fused(torch.float32), param_space={"backend": BACKENDS},
               check=backend_check(torch.float32),
               doc="fp32; gate/up one GEMM, or GELU fused into fc1 (oneDNN)"))
-register(Impl("mlp", "bf16", _fused(torch.bfloat16), param_space={"backend": ("aten", "onednn")},
+register(Impl("mlp", "bf16", _fused(torch.bfloat16), param_space={"backend": ("aten", "onednn"), "epilogue": EPILOGUES},
               precision="bf16", check=backend_check(torch.bfloat16),
-              doc="bf16 weights and compute, gate/up one GEMM / GELU fused (oneDNN)"))
+              doc="bf16 weights and compute, gate/up one GEMM / GELU fused (oneDNN), or the SiLU-GLU / GELU "
+                  "pass of csrc/bf16_rows.c after the GEMM (epilogue=avx512)"))

@@ -32,6 +32,33 @@ SRC_DIR = Path(__file__).resolve().parent / "csrc"
 # it, clang's default does not)
 FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-mavx512f", "-mavx512vl", "-mavx512dq", "-mfma", "-fopenmp",
          "-shared", "-fPIC")
+# kernels that need more than AVX-512 F: (extra compiler flags, /proc/cpuinfo flags the CPU must have).
+# A CPU without them gets the kernel refused before it is built, and its skill is not loaded.
+ISA = {
+    "bf16_rows": (("-mavx512bf16",), ("avx512_bf16",)),
+    "amx_attention": (("-mavx512bf16", "-mamx-tile", "-mamx-bf16"), ("avx512_bf16", "amx_tile", "amx_bf16")),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The running CPU's feature flags (/proc/cpuinfo), empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def missing_isa(name: str) -> str | None:
+    """Why the CPU cannot run kernel ``name`` (the instruction-set flags it lacks), or None."""
+    need = ISA.get(name, ((), ()))[1]
+    lacking = [f for f in need if f not in cpu_flags()]
+    return f"{name} needs CPU flags {list(need)}; this CPU lacks {lacking}" if lacking else None
 
 
 class NativeError(RuntimeError):
@@ -78,20 +105,24 @@ def _build_and_open(name: str) -> ctypes.CDLL:
     src = SRC_DIR / f"{name}.c"
     if not src.is_file():
         raise NativeError(f"no kernel source {src}")
+    isa = missing_isa(name)
+    if isa:  # never built (or loaded from the cache) where it would fault on the first instruction
+        raise NativeError(isa)
     cc = _compiler()
     version = _compiler_version(cc)
     headers = [h.read_text() for h in sorted(SRC_DIR.glob("*.h"))]  # what the source may include
-    key = hashlib.sha256("\0".join([src.read_text(), *headers, *FLAGS, version]).encode()).hexdigest()[:16]
+    flags = FLAGS + ISA.get(name, ((), ()))[0]
+    key = hashlib.sha256("\0".join([src.read_text(), *headers, *flags, version]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if not out.is_file():
-        _build(cc, src, out)
+        _build(cc, src, out, flags)
     try:
         return ctypes.CDLL(str(out))
     except OSError as e:
         raise NativeError(f"cannot load {out}: {e}") from None
 
 
-def _build(cc: str, src: Path, out: Path) -> None:
+def _build(cc: str, src: Path, out: Path, flags: tuple[str, ...]) -> None:
     """Compile ``src`` into ``out`` through a temporary file in the same folder, renamed when complete."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +131,7 @@ def _build(cc: str, src: Path, out: Path) -> None:
     except OSError as e:
         raise NativeError(f"cannot write the kernel cache {out.parent} (set EDGEFM_CACHE_DIR): {e}") from None
     try:
-        r = subprocess.run([cc, *FLAGS, str(src), "-o", tmp], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([cc, *flags, str(src), "-o", tmp], capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise NativeError(f"building {src.name} with {cc} failed: {r.stderr.strip()[-800:]}")
         os.replace(tmp, out)
@@ -112,8 +143,12 @@ def _build(cc: str, src: Path, out: Path) -> None:
 
 
 def unavailable(name: str) -> str | None:
-    """Why kernel ``name`` cannot run here, or None: it does not build or load, or the running CPU lacks
-    AVX-512 (every kernel is built with -mavx512f; checked after the build so its errors come first)."""
+    """Why kernel ``name`` cannot run here, or None: the CPU lacks an instruction set it needs beyond AVX-512
+    (``ISA``: refused before any build), it does not build or load, or the running CPU lacks AVX-512 (every
+    kernel is built with -mavx512f; checked after the build so its errors come first)."""
+    isa = missing_isa(name)
+    if isa:
+        return isa
     lib = _load(name)
     if isinstance(lib, NativeError):
         return str(lib)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_rows, native
+from . import bf16_rows, cpu_rows, native
 from .registry import Impl, register
 
 
@@ -101,3 +101,43 @@ class RmsNormAvx512(nn.Module):
 
 register(Impl("rms_norm", "avx512", lambda spec, params, weight, eps: RmsNormAvx512(weight, eps),
               check=native.avx512_check(cpu_rows.NAME), doc="one AVX-512 pass per row (csrc/cpu_rows.c), fp32"))
+
+
+class RmsNormBf16(nn.Module):
+    """RMSNorm of bf16 activations as one AVX-512 pass per row (bf16_rows.py), rounded like ``fast``;
+    other dtypes are cast in and the result back."""
+
+    def __init__(self, weight, eps: float):
+        super().__init__()
+        self.weight, self.eps = weight.to(torch.bfloat16).contiguous(), eps
+
+    def forward(self, x):
+        if x.dtype == torch.bfloat16:
+            return bf16_rows.rms_norm(x, self.weight, self.eps)
+        return bf16_rows.rms_norm(x.bfloat16(), self.weight, self.eps).to(x.dtype)
+
+
+class LayerNormBf16(nn.Module):
+    """LayerNorm of bf16 activations, fp32 statistics and parameters, one AVX-512 pass per row."""
+
+    def __init__(self, weight, bias, eps: float):
+        super().__init__()
+        self.weight, self.bias, self.eps = weight.float().contiguous(), bias.float().contiguous(), eps
+
+    def forward(self, x):
+        if x.dtype == torch.bfloat16:
+            return bf16_rows.layer_norm(x, self.weight, self.bias, self.eps)
+        return bf16_rows.layer_norm(x.bfloat16(), self.weight, self.bias, self.eps).to(x.dtype)
+
+
+def _check_bf16(spec, params) -> str | None:
+    if not spec.hw_profile.startswith("cpu_x86_avx512_bf16"):
+        return f"{bf16_rows.NAME} needs an AVX512-BF16 CPU profile, this is {spec.hw_profile!r}"
+    return native.unavailable(bf16_rows.NAME)
+
+
+register(Impl("rms_norm", "bf16", lambda spec, params, weight, eps: RmsNormBf16(weight, eps), precision="bf16",
+              check=_check_bf16, doc="one AVX-512 pass per bf16 row (csrc/bf16_rows.c), fp32 statistics"))
+register(Impl("layer_norm", "bf16", lambda spec, params, weight, bias, eps: LayerNormBf16(weight, bias, eps),
+              precision="bf16", check=_check_bf16,
+              doc="one AVX-512 pass per bf16 row (csrc/bf16_rows.c), fp32 statistics and parameters"))

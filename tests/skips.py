@@ -95,7 +95,7 @@ def native_unavailable(name: str) -> tuple[str | None, bool]:
     from edgefm_kernels import native
 
     why = native.unavailable(name)
-    return why, why is not None and not cpu_has_avx512()
+    return why, why is not None and (not cpu_has_avx512() or native.missing_isa(name) is not None)
 
 
 def require_native(name: str) -> None:

@@ -211,6 +211,7 @@ class OpResolver:
         self.files, self.tuned = tuple(files), tuned  # the table files loaded (resolver.build_resolver), the tuned one
         self.resolved: list[Resolved] = []
         self.overruled: list[str] = []  # tuned records that could not serve here, and why
+        self.wrap = None  # (spec, impl, op) -> op: set before the model is built to instrument every op (profile.py)
 
     def restaged(self, stage_of) -> "OpResolver":
         """The same tables with another role -> stage map (and its own record of what it resolved)."""
@@ -229,9 +230,10 @@ class OpResolver:
             self.overruled.append(f"{op_name}: {e}")
         self.resolved.append(r)
         try:
-            return r.impl.build(spec, dict(r.record.impl_params), **operands)
+            op = r.impl.build(spec, dict(r.record.impl_params), **operands)
         except (ValueError, TypeError, RuntimeError) as e:
             raise DispatchError(f"record {r.record.quote()} failed to build {op_name!r}: {e}") from e
+        return op if self.wrap is None else self.wrap(spec, r.impl, op)
 
     # conveniences that derive the shape signature from the operands
     def linear(self, op_name: str, layer_role: str, weights):

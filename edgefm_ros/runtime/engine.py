@@ -34,6 +34,7 @@ from .resolver import build_resolver
 from .rtc import RtcConfig, RtcInputs, guidance_weight, guided_velocity, rtc_inputs
 
 log = logging.getLogger(__name__)
+MMAP_THRESHOLD = 32 << 20  # glibc's largest dynamic mmap threshold: bigger allocations are mapped afresh each time
 PREFILL_ROLES = ("vision", "connector", "vlm", "state_proj", "expert_cross_kv")
 
 
@@ -99,12 +100,15 @@ class Prefix:
 
 
 class Engine:
-    def __init__(self, ckpt: Checkpoint, config: EngineConfig, hardware: Hardware):
+    def __init__(self, ckpt: Checkpoint, config: EngineConfig, hardware: Hardware, probe=None):
+        """``probe``: a profile.OpProbe that times every resolved op (``edgefm-vla profile``), or None."""
         self.ckpt, self.config, self.hardware = ckpt, config, hardware
         cfg = ckpt.config
         self.model_config = cfg  # SmolVLAConfig of the checkpoint; self.config is the EngineConfig
         self.resolver = build_resolver(config.mode, hardware.profile, "smolvla", stage_of, config.tables,
                                        config.use_tuned)
+        if probe is not None:
+            self.resolver.wrap = probe.wrap
         self.table_files = list(self.resolver.files)
         self.device = torch.device(config.device)
         # chosen once: the vision tower gathers its position table with it at build time
@@ -144,12 +148,18 @@ class Engine:
     def from_checkpoint(cls, checkpoint: str | Path, vlm_dir: str | Path | None = None, mode: str = "exact",
                         tables: Sequence[str | Path] = (), threads: int | None = None, device: str = "cpu",
                         seed: int = 0, use_tuned: bool = True, vision_position_ids: str = "auto",
-                        rtc: RtcConfig | None = None) -> "Engine":
+                        rtc: RtcConfig | None = None, probe=None) -> "Engine":
         config = EngineConfig(mode, tuple(str(t) for t in tables), threads, device, seed, use_tuned,
                               vision_position_ids, rtc if rtc is not None else RtcConfig())
         if threads is not None:
             torch.set_num_threads(threads)
-        return cls(load_checkpoint(checkpoint, vlm_dir), config, detect(device))
+        return cls(load_checkpoint(checkpoint, vlm_dir), config, detect(device), probe)
+
+    def vision_group(self, batch: int) -> int:
+        """Cameras per vision-tower batch: the most whose MLP activations [n*B, T, inner] fit in MMAP_THRESHOLD."""
+        v = self.ckpt.vlm.vision
+        one = batch * v.grid ** 2 * v.inner * torch.empty((), dtype=self.act["vision"].dtype).element_size()
+        return max(1, MMAP_THRESHOLD // one)
 
     # ---- phases ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -157,9 +167,12 @@ class Engine:
         m, cfg, dev = self.model, self.model_config, self.device
         inp = inp.to(dev)
         b, ncam = inp.batch, len(inp.images)
-        # one camera at a time: the vision MLP's activations stay below malloc's mmap threshold (32 MiB),
-        # so they are reused chunk after chunk instead of being faulted in afresh (~127k faults for 3 cams)
-        img = torch.cat([m.embed_images(self.act["vision"](x)) for x in inp.images]).float()  # [ncam*B, T, H]
+        # as many cameras per vision batch as keep its MLP activations below malloc's mmap threshold: larger
+        # buffers are faulted in afresh every chunk (~127k faults for 3 fp32 cameras), smaller batches run
+        # the vision GEMMs at half their rate (M = 1024 rows against N = 768 columns)
+        group = self.vision_group(b)
+        vis = [self.act["vision"](x) for x in inp.images]
+        img = torch.cat([m.embed_images(torch.cat(vis[i:i + group])) for i in range(0, ncam, group)]).float()
         t = img.shape[1]
         img = img.view(ncam, b, t, -1).transpose(0, 1).reshape(b, ncam * t, -1)
         embs = self.act["vlm"](torch.cat([img, m.embed_language(inp.lang_tokens), m.embed_state(inp.state)], dim=1))

@@ -3,6 +3,7 @@
   edgefm-vla predict --checkpoint DIR [--vlm DIR] --inputs F.safetensors --out F.safetensors [--mode exact|fast]
                      [--from-raw [--task T ...]]
   edgefm-vla bench   (same inputs) --warmup N --runs N --json FILE
+  edgefm-vla profile (same inputs) [--json FILE]   per op family and stage: ms, GFLOP, rate, fraction of peak
   edgefm-vla plan    --checkpoint DIR [--vlm DIR] [--mode ...] [--table F.yaml ...]
   edgefm-vla make-checkpoint --out DIR [--arch tiny|full] [--seed N] [--cameras N]
   edgefm-vla tune    --checkpoint DIR [--vlm DIR] [--budget-s S] [--dry-run] [--out F.yaml]
@@ -30,11 +31,11 @@ import torch
 from edgefm_ros.runtime.modes import MODES, TUNABLE
 
 
-def _engine(args):
+def _engine(args, probe=None):
     from edgefm_ros.runtime.engine import Engine
 
     return Engine.from_checkpoint(args.checkpoint, vlm_dir=args.vlm, mode=args.mode, tables=args.table,
-                                  threads=args.threads, vision_position_ids=args.vision_position_ids)
+                                  threads=args.threads, vision_position_ids=args.vision_position_ids, probe=probe)
 
 
 def _load_inputs(path: str) -> dict[str, torch.Tensor]:
@@ -103,6 +104,36 @@ def cmd_bench(args) -> int:
     if args.json:
         Path(args.json).write_text(text)
     print(text)
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from edgefm_ros.runtime.profile import OpProbe, format_rows, measure_peaks
+
+    probe = OpProbe(sync_cuda=True)
+    engine = _engine(args, probe)
+    inp, noise = model_inputs(engine, _load_inputs(args.inputs), args)
+    for _ in range(args.warmup):
+        engine.sample(inp, noise)
+    peaks = measure_peaks()
+    best = None  # the fastest of --runs chunks (the least disturbed by the host)
+    for _ in range(args.runs):
+        probe.reset()
+        engine.sample(inp, noise)
+        rows = probe.rows(engine.last_timings, peaks)
+        if best is None or engine.last_timings.total_s < best[0].total_s:
+            best = (engine.last_timings, rows, probe.chunk_gflop())
+    t, rows, gflop = best
+    bf16 = peaks.get("bf16")
+    print(f"# {args.checkpoint}, mode {args.mode}, {torch.get_num_threads()} threads, hw_profile "
+          f"{engine.hardware.profile}; fastest of {args.runs} chunks: {t.total_s * 1e3:.0f} ms "
+          f"(prefill {t.prefill_s * 1e3:.0f}, decode {t.decode_s * 1e3:.0f}), {gflop:.0f} GFLOP"
+          + (f"; bf16 floor {gflop / bf16 * 1e3:.0f} ms, chunk / floor {t.total_s / (gflop / bf16):.2f}" if bf16 else ""))
+    print(format_rows(rows, peaks))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"peaks": peaks, "rows": rows, "chunk_s": t.total_s,
+                                               "prefill_s": t.prefill_s, "decode_s": t.decode_s, "gflop": gflop},
+                                              indent=2))
     return 0
 
 
@@ -177,6 +208,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--json", default=None)
     p.set_defaults(fn=cmd_bench)
+    p = sub.add_parser("profile", help="time, GFLOP and fraction of peak per op family and stage")
+    engine_args(p, True)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--json", default=None)
+    p.set_defaults(fn=cmd_profile)
     p = sub.add_parser("plan", help="print the resolved operator table")
     engine_args(p, False)
     p.set_defaults(fn=cmd_plan)

@@ -1,0 +1,181 @@
+/* bf16 attention on Intel AMX (fast mode): softmax(q k^T * scale + mask) v for head size 64.
+ *
+ * For each (batch, query head, block of 16 query rows):
+ *   1. S [16, Lk] fp32 = Q K^T on the tiles (bf16 products, fp32 sums), two 16-key blocks at a time;
+ *   2. each row: max, exp((s - max) * scale) (exp to ~1 ulp), sum, and P = e / sum rounded to bf16, as the
+ *      reference rounds its fp32 softmax to the value dtype; masked keys get the reference's finfo.min score
+ *      (a row with no visible key is uniform), keys past Lk get exactly 0;
+ *   3. O [16, 64] fp32 = P V on the tiles, rounded to bf16.
+ * K and V are packed once per call and KV head into the tiles' VNNI layout (pairs of the reduction index
+ * side by side): K as 16-key x 32-dim tiles, V as 32-key x 16-dim tiles, zero past Lk.
+ * Every tile is 16 rows x 64 bytes; tiles 0-1 hold A operands, 2-3 B operands, 4-7 accumulators.
+ */
+#include <float.h>
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "vec_math.h"
+
+#define D 64
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Asks the kernel for the AMX tile state (once per process; 0 = granted). */
+int edgefm_amx_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
+
+typedef struct {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tile_config;
+
+static void configure_tiles(void) {
+  tile_config c;
+  memset(&c, 0, sizeof c);
+  c.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  _tile_loadconfig(&c);
+}
+
+static inline __m512 bf16_to_ps(__m256i v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+/* K [Lk, D] (row stride sk) -> kp[kb][c][r][n][i] = K[16 kb + n][32 c + 2 r + i] (one 1 KB tile per kb, c);
+ * V [Lk, D] (row stride sv) -> vp[kc][j][r][n][i] = V[32 kc + 2 r + i][16 j + n]; zero past lk. */
+static void pack_kv(const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv, int64_t lk, int64_t lkp,
+                    uint16_t *kp, uint16_t *vp) {
+  for (int64_t kb = 0; kb < lkp / 16; ++kb)
+    for (int c = 0; c < 2; ++c) {
+      uint16_t *t = kp + (kb * 2 + c) * 512;
+      for (int n = 0; n < 16; ++n) {
+        const int64_t key = kb * 16 + n;
+        for (int r = 0; r < 16; ++r)
+          for (int i = 0; i < 2; ++i) t[r * 32 + n * 2 + i] = key < lk ? k[key * sk + c * 32 + 2 * r + i] : 0;
+      }
+    }
+  for (int64_t kc = 0; kc < lkp / 32; ++kc)
+    for (int j = 0; j < 4; ++j) {
+      uint16_t *t = vp + (kc * 4 + j) * 512;
+      for (int r = 0; r < 16; ++r)
+        for (int i = 0; i < 2; ++i) {
+          const int64_t key = kc * 32 + 2 * r + i;
+          for (int n = 0; n < 16; ++n) t[r * 32 + n * 2 + i] = key < lk ? v[key * sv + j * 16 + n] : 0;
+        }
+    }
+}
+
+/* One row of scores s [lk] (fp32, unscaled) -> p [lkp] bf16 (zero past lk). mask: uint8 [lk] or NULL. */
+static void softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp, float scale, uint16_t *p) {
+  if (mask != NULL) {
+    const float lowest = -FLT_MAX;  /* the reference fills finfo.min after scaling; any scale > 0 keeps it lowest */
+    for (int64_t j = 0; j < lk; ++j)
+      if (!mask[j]) s[j] = lowest;
+  }
+  __m512 mx = _mm512_set1_ps(-FLT_MAX);
+  for (int64_t j = 0; j < lk; j += 16) mx = _mm512_mask_max_ps(mx, tail_mask(lk - j), mx, _mm512_loadu_ps(s + j));
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sc = _mm512_set1_ps(scale);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < lk; j += 16) {
+    const __mmask16 t = tail_mask(lk - j);
+    const __m512 e = _mm512_maskz_mov_ps(t, exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), m), sc)));
+    _mm512_storeu_ps(s + j, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(acc));
+  for (int64_t j = 0; j < lkp; j += 16) {
+    const __m512 e = j < lk ? _mm512_maskz_loadu_ps(tail_mask(lk - j), s + j) : _mm512_setzero_ps();
+    _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(e, inv)));
+  }
+}
+
+/* q [B, Hq, Lq, 64] (element strides qs[3], unit in D), k/v [B, Hkv, Lk, 64] (ks[3], vs[3]),
+ * mask uint8 [B, Lq, Lk] contiguous or NULL, out [B, Hq, Lq, 64] (element strides os[3], unit in D); all bf16
+ * as uint16.
+ * work: 2 * B * Hkv * lkp * 64 bf16 for the packed K and V (lkp = Lk rounded up to 32). */
+void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *k, const int64_t *ks,
+                          const uint16_t *v, const int64_t *vs, const uint8_t *mask, int64_t b, int64_t hq,
+                          int64_t hkv, int64_t lq, int64_t lk, float scale, uint16_t *out, const int64_t *os,
+                          uint16_t *work,
+                          int threads) {
+  const int64_t lkp = (lk + 31) / 32 * 32, per = lkp * D, groups = hq / hkv, qblocks = (lq + 15) / 16;
+  uint16_t *kp = work, *vp = work + b * hkv * per;
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t bh = 0; bh < b * hkv; ++bh) {
+    const int64_t bi = bh / hkv, h = bh % hkv;
+    pack_kv(k + bi * ks[0] + h * ks[1], ks[2], v + bi * vs[0] + h * vs[1], vs[2], lk, lkp, kp + bh * per,
+            vp + bh * per);
+  }
+  #pragma omp parallel num_threads(threads)
+  {
+    configure_tiles();
+    float *s = aligned_alloc(64, 16 * lkp * sizeof(float));
+    uint16_t *p = aligned_alloc(64, 16 * lkp * sizeof(uint16_t));
+    uint16_t qb[16 * D] __attribute__((aligned(64)));
+    float ob[16 * D] __attribute__((aligned(64)));
+    #pragma omp for schedule(static)
+    for (int64_t item = 0; item < b * hq * qblocks; ++item) {
+      const int64_t bi = item / (hq * qblocks), h = item / qblocks % hq, q0 = item % qblocks * 16;
+      const int64_t rows = lq - q0 < 16 ? lq - q0 : 16, kvh = bi * hkv + h / groups;
+      for (int64_t r = 0; r < 16; ++r) {  /* the block's queries, zero rows past lq */
+        if (r < rows) memcpy(qb + r * D, q + bi * qs[0] + h * qs[1] + (q0 + r) * qs[2], D * sizeof(uint16_t));
+        else memset(qb + r * D, 0, D * sizeof(uint16_t));
+      }
+      const uint16_t *kt = kp + kvh * per, *vt = vp + kvh * per;
+      _tile_loadd(0, qb, 128);
+      _tile_loadd(1, qb + 32, 128);
+      for (int64_t kb = 0; kb < lkp / 16; kb += 2) {  /* lkp is a multiple of 32: two key blocks a step */
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_loadd(2, kt + (kb * 2 + 0) * 512, 64);
+        _tile_loadd(3, kt + (kb * 2 + 2) * 512, 64);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_dpbf16ps(5, 0, 3);
+        _tile_loadd(2, kt + (kb * 2 + 1) * 512, 64);
+        _tile_loadd(3, kt + (kb * 2 + 3) * 512, 64);
+        _tile_dpbf16ps(4, 1, 2);
+        _tile_dpbf16ps(5, 1, 3);
+        _tile_stored(4, s + kb * 16, lkp * sizeof(float));
+        _tile_stored(5, s + kb * 16 + 16, lkp * sizeof(float));
+      }
+      for (int64_t r = 0; r < 16; ++r) {
+        if (r < rows) softmax_row(s + r * lkp, mask ? mask + (bi * lq + q0 + r) * lk : NULL, lk, lkp, scale, p + r * lkp);
+        else memset(p + r * lkp, 0, lkp * sizeof(uint16_t));
+      }
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_zero(6);
+      _tile_zero(7);
+      for (int64_t kc = 0; kc < lkp / 32; ++kc) {
+        _tile_loadd(0, p + kc * 32, lkp * sizeof(uint16_t));
+        _tile_loadd(2, vt + (kc * 4 + 0) * 512, 64);
+        _tile_loadd(3, vt + (kc * 4 + 1) * 512, 64);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_dpbf16ps(5, 0, 3);
+        _tile_loadd(2, vt + (kc * 4 + 2) * 512, 64);
+        _tile_loadd(3, vt + (kc * 4 + 3) * 512, 64);
+        _tile_dpbf16ps(6, 0, 2);
+        _tile_dpbf16ps(7, 0, 3);
+      }
+      _tile_stored(4, ob, D * sizeof(float));
+      _tile_stored(5, ob + 16, D * sizeof(float));
+      _tile_stored(6, ob + 32, D * sizeof(float));
+      _tile_stored(7, ob + 48, D * sizeof(float));
+      uint16_t *o = out + bi * os[0] + h * os[1] + q0 * os[2];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int j = 0; j < D; j += 32)
+          _mm512_storeu_si512(o + r * os[2] + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(ob + r * D + j + 16),
+                                                                          _mm512_load_ps(ob + r * D + j)));
+    }
+    _tile_release();
+    free(s);
+    free(p);
+  }
+}
