@@ -3,6 +3,8 @@
 Runs, interleaved round by round so that host noise hits both alike, each in its own process (for a
 clean peak RSS): LeRobot float32, LeRobot's native bf16/fp32 mix, edgefm exact, edgefm fast. Prints a
 table of medians and the ratios the project tracks, and checks fast-mode actions against exact mode.
+The floor: the fast chunk's GFLOP (``edgefm-vla profile``, counted op by op) over the bf16 matmul rate
+measured in the same run; ``fast_chunk_vs_bf16_floor`` is the fast chunk's median over it.
 
   python benchmarks/bench_vs_lerobot.py --harness /path/to/reference/lerobot_harness [--variant full]
       [--rounds 2] [--warmup 1] [--runs 3] [--json out.json]
@@ -74,6 +76,16 @@ def main() -> int:
                      "--vlm", str(vlm), "--inputs", str(art / "golden" / "inputs.safetensors"), "--mode", mode,
                      "--json", str(out), "--vision-position-ids", "legacy"] + common + threads)
             results[name].append(json.loads(out.read_text()))
+    # the floor of this run: the chunk's GFLOP (counted op by op) over the bf16 matmul rate measured now
+    floor = None
+    if "edgefm_fast" in results:
+        prof = tmp / "profile_fast.json"
+        run([sys.executable, "-m", "edgefm_ros.tools.vla_cli", "profile", "--checkpoint", str(art / "checkpoint"),
+             "--vlm", str(vlm), "--inputs", str(art / "golden" / "inputs.safetensors"), "--mode", "fast",
+             "--json", str(prof), "--vision-position-ids", "legacy", "--warmup", "1", "--runs", "2"] + threads)
+        p = json.loads(prof.read_text())
+        if "bf16" in p["peaks"]:
+            floor = {"gflop": p["gflop"], "bf16_gflops": p["peaks"]["bf16"], "floor_s": p["gflop"] / p["peaks"]["bf16"]}
     # accuracy of fast mode vs exact and vs the golden, on the same inputs and noise
     for mode in ("exact", "fast"):
         run([sys.executable, "-m", "edgefm_ros.tools.vla_cli", "predict", "--checkpoint", str(art / "checkpoint"),
@@ -104,6 +116,8 @@ def main() -> int:
              "exact_rss_vs_lerobot_fp32": ("edgefm_exact", "lerobot_fp32", "peak_rss_mb"),
              "fast_rss_vs_lerobot_native": ("edgefm_fast", "lerobot_native", "peak_rss_mb")}
     ratios = {k: table[a][part] / table[b][part] for k, (a, b, part) in pairs.items() if a in table and b in table}
+    if floor is not None:
+        ratios["fast_chunk_vs_bf16_floor"] = table["edgefm_fast"]["chunk"] / floor["floor_s"]
     accuracy = {"exact_vs_golden_max_abs": float((ex - gold).abs().max()),
                 "fast_vs_exact_rms": float((fa - ex).pow(2).mean().sqrt()),
                 "fast_vs_exact_max_abs": float((fa - ex).abs().max())}
@@ -111,11 +125,14 @@ def main() -> int:
     print(f"{'':16}{'chunk':>9}{'prefill':>9}{'decode':>9}{'RSS MB':>9}")
     for name, row in table.items():
         print(f"{name:16}{row['chunk']:9.3f}{row['prefill']:9.3f}{row['decode']:9.3f}{row['peak_rss_mb']:9.0f}")
+    if floor is not None:
+        print(f"bf16 floor: {floor['gflop']:.0f} GFLOP / {floor['bf16_gflops']:.0f} GFLOP/s (2048^3 bf16 matmul, "
+              f"this run) = {floor['floor_s']:.3f} s")
     for k, v in {**ratios, **accuracy}.items():
         print(f"{k:34} {v:.4g}")
     if args.json:
         Path(args.json).write_text(json.dumps({"table": table, "ratios": ratios, "accuracy": accuracy,
-                                               "raw": results}, indent=2))
+                                               "floor": floor, "raw": results}, indent=2))
     return 0
 
 

@@ -4,6 +4,7 @@
     silu_glu(y [..., 2I] bf16 (gate | up))       # -> silu(gate) * up [..., I] bf16
     rms_norm(x [..., H] bf16, w [H] bf16, eps)   # -> bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))
     layer_norm(x [..., H] bf16, w [H] f32, b [H] f32, eps)   # -> bf16((x - mean) * rstd * w + b)
+    rope(x [B, L, H, D] bf16 (unit last stride), cos, sin [B, L, 1, D/2] f32)   # -> [B, L, H, D] bf16
 
 Computed in fp32 per element, rounded once to bf16 (nearest even). Needs AVX512-BF16 (native.ISA).
 """
@@ -22,6 +23,7 @@ SIGNATURES = {
     "edgefm_silu_glu_bf16": ([_PTR, _I64, _I64, _PTR, _I32], None),
     "edgefm_rms_norm_bf16": ([_PTR, _PTR, _I64, _I64, ctypes.c_float, _PTR, _I32], None),
     "edgefm_layer_norm_bf16": ([_PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float, _PTR, _I32], None),
+    "edgefm_rope_bf16": ([_PTR] + [_I64] * 7 + [_PTR, _PTR, _PTR, _I32], None),
 }
 
 
@@ -75,3 +77,22 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
                                                          x.numel() // h if h else 0, h, eps, y.data_ptr(),
                                                          torch.get_num_threads())
     return y
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, L, H, D] bf16 with unit stride in D (a slice of a fused QKV output is fine); cos/sin
+    [B, L, 1, D/2] f32 -> rotated [B, L, H, D] bf16, contiguous (fp32 math, one rounding)."""
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.dim() != 4:
+        raise ValueError(f"rope x must be a 4-d bfloat16 CPU tensor, got {tuple(x.shape)} {x.dtype} on {x.device}")
+    b, l, nh, d = x.shape
+    if d % 2 or tuple(cos.shape) != (b, l, 1, d // 2) or cos.shape != sin.shape or cos.dtype != torch.float32:
+        raise ValueError(f"rope tables must be float32 [B, L, 1, D/2] = {(b, l, 1, d // 2)} for x {tuple(x.shape)}, "
+                         f"got {cos.dtype} {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty((b, l, nh, d), dtype=torch.bfloat16)
+    native.bind(NAME, SIGNATURES).edgefm_rope_bf16(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), b, l, nh, d,
+                                                   cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+                                                   torch.get_num_threads())
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_rows, native
+from . import bf16_rows, cpu_rows, native
 from .registry import Impl, register
 
 
@@ -85,3 +85,24 @@ class RopeAvx512(RopeRef):
 
 register(Impl("rope", "avx512", lambda spec, params, max_wavelength=10_000.0: RopeAvx512(max_wavelength),
               check=native.avx512_check(cpu_rows.NAME), doc="one AVX-512 pass (csrc/cpu_rows.c) over strided q/k, fp32"))
+
+
+class RopeBf16(RopeRef):
+    """The rotation of bf16 q/k as one AVX-512 pass (bf16_rows.py): fp32 math from the reference tables,
+    rounded once to bf16 (fast mode: no cast of q/k to fp32 and back); other dtypes are cast in and back."""
+
+    def __call__(self, x, tables):
+        if x.dtype == torch.bfloat16:
+            return bf16_rows.rope(x, *tables)
+        return bf16_rows.rope(x.bfloat16(), *tables).to(x.dtype)
+
+
+def _check_bf16(spec, params) -> str | None:
+    if not spec.hw_profile.startswith("cpu_x86_avx512_bf16"):
+        return f"{bf16_rows.NAME} needs an AVX512-BF16 CPU profile, this is {spec.hw_profile!r}"
+    return native.unavailable(bf16_rows.NAME)
+
+
+register(Impl("rope", "bf16", lambda spec, params, max_wavelength=10_000.0: RopeBf16(max_wavelength),
+              precision="bf16", check=_check_bf16,
+              doc="one AVX-512 pass (csrc/bf16_rows.c) over strided bf16 q/k, fp32 math, one rounding"))

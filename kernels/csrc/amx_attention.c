@@ -2,10 +2,10 @@
  *
  * For each (batch, query head, block of 16 query rows):
  *   1. S [16, Lk] fp32 = Q K^T on the tiles (bf16 products, fp32 sums), two 16-key blocks at a time;
- *   2. each row: max, exp((s - max) * scale) (exp to ~1 ulp), sum, and P = e / sum rounded to bf16, as the
- *      reference rounds its fp32 softmax to the value dtype; masked keys get the reference's finfo.min score
- *      (a row with no visible key is uniform), keys past Lk get exactly 0;
- *   3. O [16, 64] fp32 = P V on the tiles, rounded to bf16.
+ *   2. each row: max, E = exp((s - max) * scale) (to 2.7e-6 relative) rounded to bf16 (2^-9, as the reference
+ *      rounds its probabilities to the value dtype) and its sum; masked keys get the reference's finfo.min
+ *      score (a row with no visible key is uniform), keys past Lk get exactly 0;
+ *   3. O [16, 64] = (E V on the tiles) / sum, rounded to bf16 (one pass over E instead of two).
  * K and V are packed once per call and KV head into the tiles' VNNI layout (pairs of the reduction index
  * side by side): K as 16-key x 32-dim tiles, V as 32-key x 16-dim tiles, zero past Lk.
  * Every tile is 16 rows x 64 bytes; tiles 0-1 hold A operands, 2-3 B operands, 4-7 accumulators.
@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+long syscall(long number, ...);  /* unistd.h declares it only under _GNU_SOURCE / _DEFAULT_SOURCE (-std=c11) */
 
 #include "vec_math.h"
 
@@ -48,32 +49,43 @@ static inline __m512 bf16_to_ps(__m256i v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
-/* K [Lk, D] (row stride sk) -> kp[kb][c][r][n][i] = K[16 kb + n][32 c + 2 r + i] (one 1 KB tile per kb, c);
- * V [Lk, D] (row stride sv) -> vp[kc][j][r][n][i] = V[32 kc + 2 r + i][16 j + n]; zero past lk. */
-static void pack_kv(const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv, int64_t lk, int64_t lkp,
-                    uint16_t *kp, uint16_t *vp) {
-  for (int64_t kb = 0; kb < lkp / 16; ++kb)
+/* K [Lk, D] (row stride sk) -> kp[kb][c][r][n] = the dim pair (32 c + 2 r, +1) of key 16 kb + n, one 32-bit
+ * word (one 1 KB tile per kb, c): a gather of 16 words per tile row. Zero past lk. */
+static void pack_k(const uint16_t *k, int64_t sk, int64_t lk, int64_t lkp, uint16_t *kp) {
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32((int)(sk * 2)));  /* byte offsets of 16 keys */
+  for (int64_t kb = 0; kb < lkp / 16; ++kb) {
+    const int64_t left = lk - kb * 16;
+    const __mmask16 valid = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
     for (int c = 0; c < 2; ++c) {
-      uint16_t *t = kp + (kb * 2 + c) * 512;
-      for (int n = 0; n < 16; ++n) {
-        const int64_t key = kb * 16 + n;
-        for (int r = 0; r < 16; ++r)
-          for (int i = 0; i < 2; ++i) t[r * 32 + n * 2 + i] = key < lk ? k[key * sk + c * 32 + 2 * r + i] : 0;
-      }
-    }
-  for (int64_t kc = 0; kc < lkp / 32; ++kc)
-    for (int j = 0; j < 4; ++j) {
-      uint16_t *t = vp + (kc * 4 + j) * 512;
+      uint32_t *t = (uint32_t *)(kp + (kb * 2 + c) * 512);
+      const uint16_t *base = k + kb * 16 * sk + c * 32;
       for (int r = 0; r < 16; ++r)
-        for (int i = 0; i < 2; ++i) {
-          const int64_t key = kc * 32 + 2 * r + i;
-          for (int n = 0; n < 16; ++n) t[r * 32 + n * 2 + i] = key < lk ? v[key * sv + j * 16 + n] : 0;
-        }
+        _mm512_storeu_si512(t + r * 16, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, rows, base + 2 * r, 1));
+    }
+  }
+}
+
+/* V [Lk, D] (row stride sv) -> vp[kc][j][r][n][i] = V[32 kc + 2 r + i][16 j + n]: rows 2r and 2r+1 of a dim
+ * block interleaved element by element. Zero past lk. */
+static void pack_v(const uint16_t *v, int64_t sv, int64_t lk, int64_t lkp, uint16_t *vp) {
+  const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t kc = 0; kc < lkp / 32; ++kc)
+    for (int r = 0; r < 16; ++r) {
+      const int64_t k0 = kc * 32 + 2 * r, k1 = k0 + 1;
+      for (int j = 0; j < 4; ++j) {
+        const __m256i a = k0 < lk ? _mm256_loadu_si256((const __m256i *)(v + k0 * sv + j * 16)) : _mm256_setzero_si256();
+        const __m256i b = k1 < lk ? _mm256_loadu_si256((const __m256i *)(v + k1 * sv + j * 16)) : _mm256_setzero_si256();
+        const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        _mm512_storeu_si512(vp + (kc * 4 + j) * 512 + r * 32, _mm512_permutexvar_epi16(mix, ab));
+      }
     }
 }
 
-/* One row of scores s [lk] (fp32, unscaled) -> p [lkp] bf16 (zero past lk). mask: uint8 [lk] or NULL. */
-static void softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp, float scale, uint16_t *p) {
+/* One row of scores s [lk] (fp32, unscaled) -> p [lkp] bf16 = exp((s - max) * scale), zero past lk; returns
+ * the sum of the exponentials (the caller divides the row's P V by it). mask: uint8 [lk] or NULL. */
+static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp, float scale, uint16_t *p) {
   if (mask != NULL) {
     const float lowest = -FLT_MAX;  /* the reference fills finfo.min after scaling; any scale > 0 keeps it lowest */
     for (int64_t j = 0; j < lk; ++j)
@@ -81,19 +93,18 @@ static void softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp, 
   }
   __m512 mx = _mm512_set1_ps(-FLT_MAX);
   for (int64_t j = 0; j < lk; j += 16) mx = _mm512_mask_max_ps(mx, tail_mask(lk - j), mx, _mm512_loadu_ps(s + j));
-  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sc = _mm512_set1_ps(scale);
+  /* exp((s - max) * scale) = 2^((s - max) c), c = scale * log2(e); s - max first: a fully masked row has
+   * s = max = finfo.min exactly (uniform weights), where s c - max c would be the rounding error of ~1e38 */
+  const __m512 c = _mm512_set1_ps(scale * 1.4426950408889634f);
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
   __m512 acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < lk; j += 16) {
-    const __mmask16 t = tail_mask(lk - j);
-    const __m512 e = _mm512_maskz_mov_ps(t, exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), m), sc)));
-    _mm512_storeu_ps(s + j, e);
-    acc = _mm512_add_ps(acc, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(acc));
   for (int64_t j = 0; j < lkp; j += 16) {
-    const __m512 e = j < lk ? _mm512_maskz_loadu_ps(tail_mask(lk - j), s + j) : _mm512_setzero_ps();
-    _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(e, inv)));
+    const __mmask16 t = j < lk ? tail_mask(lk - j) : 0;
+    const __m512 e = _mm512_maskz_mov_ps(t, exp2_fast_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), m), c)));
+    acc = _mm512_add_ps(acc, e);
+    _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
   }
+  return _mm512_reduce_add_ps(acc);
 }
 
 /* q [B, Hq, Lq, 64] (element strides qs[3], unit in D), k/v [B, Hkv, Lk, 64] (ks[3], vs[3]),
@@ -110,8 +121,8 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
   #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t bh = 0; bh < b * hkv; ++bh) {
     const int64_t bi = bh / hkv, h = bh % hkv;
-    pack_kv(k + bi * ks[0] + h * ks[1], ks[2], v + bi * vs[0] + h * vs[1], vs[2], lk, lkp, kp + bh * per,
-            vp + bh * per);
+    pack_k(k + bi * ks[0] + h * ks[1], ks[2], lk, lkp, kp + bh * per);
+    pack_v(v + bi * vs[0] + h * vs[1], vs[2], lk, lkp, vp + bh * per);
   }
   #pragma omp parallel num_threads(threads)
   {
@@ -145,8 +156,9 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
         _tile_stored(4, s + kb * 16, lkp * sizeof(float));
         _tile_stored(5, s + kb * 16 + 16, lkp * sizeof(float));
       }
+      float sums[16];
       for (int64_t r = 0; r < 16; ++r) {
-        if (r < rows) softmax_row(s + r * lkp, mask ? mask + (bi * lq + q0 + r) * lk : NULL, lk, lkp, scale, p + r * lkp);
+        if (r < rows) sums[r] = softmax_row(s + r * lkp, mask ? mask + (bi * lq + q0 + r) * lk : NULL, lk, lkp, scale, p + r * lkp);
         else memset(p + r * lkp, 0, lkp * sizeof(uint16_t));
       }
       _tile_zero(4);
@@ -169,10 +181,13 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
       _tile_stored(6, ob + 32, D * sizeof(float));
       _tile_stored(7, ob + 48, D * sizeof(float));
       uint16_t *o = out + bi * os[0] + h * os[1] + q0 * os[2];
-      for (int64_t r = 0; r < rows; ++r)
+      for (int64_t r = 0; r < rows; ++r) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sums[r]);
         for (int j = 0; j < D; j += 32)
-          _mm512_storeu_si512(o + r * os[2] + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(ob + r * D + j + 16),
-                                                                          _mm512_load_ps(ob + r * D + j)));
+          _mm512_storeu_si512(o + r * os[2] + j,
+                              (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_load_ps(ob + r * D + j + 16), inv),
+                                                           _mm512_mul_ps(_mm512_load_ps(ob + r * D + j), inv)));
+      }
     }
     _tile_release();
     free(s);

@@ -1,6 +1,6 @@
 /* bf16 row kernels for fast mode, one pass each (AVX-512 F + BF16): GELU-tanh in place over a GEMM output,
- * SiLU(gate) * up over a fused gate/up GEMM output, RMSNorm and LayerNorm with fp32 statistics.
- * Each element is widened to fp32, computed in fp32 (exp to ~1 ulp) and rounded back to bf16 to nearest
+ * SiLU(gate) * up over a fused gate/up GEMM output, RMSNorm and LayerNorm with fp32 statistics, RoPE.
+ * Each element is widened to fp32, computed in fp32 (exp to 2.7e-6 relative) and rounded back to bf16 to nearest
  * even, as torch does for bf16 tensors; oneDNN's fused GELU post-op costs as much as the GEMM at the vision
  * MLP's shape, and torch's bf16 GELU/SiLU kernels run at a fraction of memory speed.
  */
@@ -34,8 +34,8 @@ void edgefm_gelu_tanh_bf16(uint16_t *x, int64_t n, int threads) {
     const __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
     const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
                                    _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(0.044715f), v3)));
-    /* capped: past e^80 the result is x * 2e-35 either way, and rcp of an infinite e would give NaN */
-    const __m512 e = exp_ps(_mm512_min_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u), _mm512_set1_ps(80.0f)));
+    /* e = exp(-2u) = 2^(-2u log2(e)), capped at 2^100 (the result is x * 8e-31 either way) */
+    const __m512 e = exp2_fast_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f * 1.4426950408889634f), u));
     store_bf16(x + i * 16, m, _mm512_mul_ps(v, rcp_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e))));
   }
 }
@@ -49,7 +49,7 @@ void edgefm_silu_glu_bf16(const uint16_t *y, int64_t rows, int64_t inner, uint16
     for (int64_t j = 0; j < inner; j += 16) {
       const __mmask16 m = tail_mask(inner - j);
       const __m512 gv = load_bf16(g + j, m);
-      const __m512 s = _mm512_mul_ps(gv, rcp_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), exp_ps(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(80.0f))))));
+      const __m512 s = _mm512_mul_ps(gv, rcp_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), exp2_fast_ps(_mm512_mul_ps(_mm512_set1_ps(-1.4426950408889634f), gv)))));
       store_bf16(o + j, m, _mm512_mul_ps(s, load_bf16(u + j, m)));
     }
   }
@@ -100,6 +100,30 @@ void edgefm_layer_norm_bf16(const uint16_t *x, const float *w, const float *b, i
       const __mmask16 m = tail_mask(h - j);
       const __m512 n = _mm512_mul_ps(_mm512_sub_ps(load_bf16(xr + j, m), mv), rstd);
       store_bf16(yr + j, m, _mm512_fmadd_ps(n, _mm512_maskz_loadu_ps(m, w + j), _mm512_maskz_loadu_ps(m, b + j)));
+    }
+  }
+}
+
+/* Half-split RoPE of bf16 q/k as the fp32 reference computes it, rounded once: out[:D/2] = x1 c - x2 s,
+ * out[D/2:] = x2 c + x1 s with x [B, L, H, D] bf16 strided (element strides sb, sl, sh; unit in D), cos/sin
+ * [B, L, D/2] fp32 contiguous, out [B, L, H, D] bf16 contiguous. */
+void edgefm_rope_bf16(const uint16_t *x, int64_t sb, int64_t sl, int64_t sh, int64_t b, int64_t l, int64_t nh,
+                      int64_t d, const float *cos, const float *sin, uint16_t *out, int threads) {
+  const int64_t half = d / 2;
+  #pragma omp parallel for schedule(static) num_threads(threads) if (b * l * nh * d >= (1 << 16))
+  for (int64_t bl = 0; bl < b * l; ++bl) {
+    const int64_t bi = bl / l, li = bl % l;
+    const float *c = cos + bl * half, *s = sin + bl * half;
+    for (int64_t hi = 0; hi < nh; ++hi) {
+      const uint16_t *xr = x + bi * sb + li * sl + hi * sh;
+      uint16_t *o = out + (bl * nh + hi) * d;
+      for (int64_t j = 0; j < half; j += 16) {
+        const __mmask16 m = tail_mask(half - j);
+        const __m512 x1 = load_bf16(xr + j, m), x2 = load_bf16(xr + half + j, m);
+        const __m512 cv = _mm512_maskz_loadu_ps(m, c + j), sv = _mm512_maskz_loadu_ps(m, s + j);
+        store_bf16(o + j, m, _mm512_sub_ps(_mm512_mul_ps(x1, cv), _mm512_mul_ps(x2, sv)));
+        store_bf16(o + half + j, m, _mm512_add_ps(_mm512_mul_ps(x2, cv), _mm512_mul_ps(x1, sv)));
+      }
     }
   }
 }

@@ -176,3 +176,20 @@ def test_bf16_norms_match_the_fp32_reference(rows, h, gen):
     out = LayerNormBf16(w, b, 1e-6)(x)
     assert _rel(out, ln) <= 2 ** -7
     assert torch.all((out.double() - ln).abs() <= ln.abs() * 2 ** -8 + 1e-3 * ln.abs().max())
+
+
+@needs_bf16
+@pytest.mark.parametrize("heads,d", [(15, 64), (3, 34)])
+def test_bf16_rope_is_the_reference_rounded_once(heads, d, gen):
+    """q from a strided fused-QKV slice, the reference's tables: within one bf16 rounding of the fp32 rotation."""
+    from edgefm_kernels.rope import RopeBf16, RopeRef
+
+    b, length = 2, 21
+    qkv = (torch.randn(b, length, 3 * heads * d, generator=gen) * 2).bfloat16()
+    q = qkv[..., :heads * d].view(b, length, heads, d)
+    pos = torch.randint(0, 300, (b, length), generator=gen)
+    tables = RopeRef().tables(pos, d)
+    ref = RopeRef()(q.double().float(), tables).double()
+    out = RopeBf16()(q, tables)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert torch.all((out.double() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-6)
