@@ -46,6 +46,9 @@ def test_frame_to_action_first_command_after_arrival_and_late_chunks(bench):
     # a chunk arriving after the last command commands nothing: neither measured nor late
     got, late = bench.frame_to_action([111.0], [110.9], rows, dt, cmd, period)
     assert got.size == 0 and late == 0
+    # every chunk past on arrival: nothing is ever commanded, all are late (a queue that never fills)
+    got, late = bench.frame_to_action(stamp + 1.9, stamp, rows, dt, [], period)
+    assert got.size == 0 and late == stamp.size
 
 
 def test_preset_fills_unset_options_only(bench):
