@@ -39,6 +39,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help=f"seconds measured after the warm-up ({DEFAULTS['duration']:g})")
     p.add_argument("--warmup", type=float, help=f"seconds from the first chunk to measuring ({DEFAULTS['warmup']:g})")
     p.add_argument("--rate", type=float, default=50.0, help="control rate (Hz)")
+    p.add_argument("--transport", default="raw", choices=("raw", "compressed"),
+                   help="camera frames as sensor_msgs/Image or JPEG CompressedImage (decoded only when used)")
     p.add_argument("--mode", choices=MODES, help=f"vla_node engine mode ({DEFAULTS['mode']})")
     p.add_argument("--chunk-size-threshold", type=float, help="action_node requests a chunk below this queue "
                    f"fill ({DEFAULTS['chunk_size_threshold']:g}: infer continuously)")
@@ -108,7 +110,7 @@ def _p(x) -> dict[str, float]:
 def main() -> int:
     a = parse()
     from edgefm_ros.tools.bag.analyze import command_timing, read_run
-    from edgefm_ros.tools.bag.make import MakeConfig, make_bag
+    from edgefm_ros.tools.bag.make import MakeConfig, camera_topics, make_bag
     from edgefm_ros.tools.bag.session import OUTPUT_TOPICS, ReplaySession
     from edgefm_ros.tools.bag.synth import JOINTS
     from edgefm_ros.tools.demo import choose_model, model_spec
@@ -118,13 +120,13 @@ def main() -> int:
     model = choose_model(a.checkpoint, a.vlm, 2, (120, 160))
     cfg = model_spec(model)
     n_cam, (_, h, w) = len(cfg.camera_keys), cfg.image_shapes[0]  # the bag's frames: the model's raw shape
-    bag = out / f"bag-{n_cam}cam-{h}x{w}"
+    bag = out / f"bag-{n_cam}cam-{h}x{w}-{a.transport}"
     if not bag.exists():
         bag_s = float(np.clip(BAG_BYTES / (n_cam * 30.0 * h * w * 3), 2.0, 10.0))
-        make_bag(MakeConfig(str(bag), duration_s=bag_s, cameras=n_cam, width=w, height=h, transport="raw"))
+        make_bag(MakeConfig(str(bag), duration_s=bag_s, cameras=n_cam, width=w, height=h, transport=a.transport))
     if a.preset == "realtime" and cfg.chunk_size != 50:
         print(f"WARNING: the checkpoint's chunk_size is {cfg.chunk_size}, not 50", flush=True)
-    cams = [f"/camera{i + 1}/image_raw" for i in range(n_cam)]
+    cams = [camera_topics(i)[0 if a.transport == "raw" else 1] for i in range(n_cam)]
     params = {
         "vla_node": dict(checkpoint=model.checkpoint, vlm_dir=model.vlm_dir, mode=a.mode, threads=a.threads,
                          camera_topics=cams, camera_keys=list(cfg.camera_keys), joint_states_topic="/joint_states",

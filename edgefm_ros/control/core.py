@@ -87,7 +87,8 @@ class ControlCore:
 
     def merge(self, chunk: ActionChunk, now: float) -> MergeResult:
         """Merge an arriving chunk; ValueError (counted) when its joints do not match. A chunk observed before
-        the episode start is dropped (``stale``) but reported consumed (last_seq), so the producer goes on."""
+        the episode start (``stale``) or whose rows are all past on arrival (late) is dropped but reported
+        consumed (last_seq), so the producer goes on."""
         with self.lock:
             if chunk.stamp < self.cutoff:
                 self.stale += 1
@@ -101,8 +102,9 @@ class ControlCore:
                 raise
             self.arrival_latency.add(r.latency_s)
             self.skipped_rows.add(r.skipped_rows)
-            if r.scheduled == 0:
-                self.late += 1
+            if r.scheduled == 0:  # every row already past: dropped, but reported consumed (last_seq) like a
+                self.late += 1    # stale one, so the producer starts the next chunk now, not after its timeout
+                self.last_seq = max(self.last_seq, chunk.seq)
                 return r
             self.chunks += 1
             self.last_seq = chunk.seq

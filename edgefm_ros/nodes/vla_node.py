@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -104,6 +105,11 @@ class VlaNode(LifecycleNode):
         self._run_id = uuid.uuid4().hex[:8]  # request ids in the shadow log: <run>-<seq>
         self._active = False
         self._worker: Worker | None = None
+        # the one thread that builds, warms up and runs the engine (made at configure): torch's OpenMP pool
+        # belongs to the thread that calls it, and a second pool (the executor's) throttles both to sleeping
+        # between parallel regions on 2 cores: a chunk built/warmed here and run on a worker took 1.1-1.4 s,
+        # on one thread 0.9 s
+        self._model: ThreadPoolExecutor | None = None
         self._slot: LatestSlot = LatestSlot()
         self._req_lock = threading.Lock()
         self._requester = ChunkRequester()
@@ -139,9 +145,11 @@ class VlaNode(LifecycleNode):
             from edgefm_ros.runtime.engine import Engine
 
             t0 = time.perf_counter()
-            self.engine = Engine.from_checkpoint(_expand(c.checkpoint), _expand(c.vlm_dir), mode=c.mode,
-                                                 tables=[_expand(t) for t in c.tables], threads=c.threads or None,
-                                                 vision_position_ids=c.vision_position_ids, rtc=c.rtc())
+            self._model = ThreadPoolExecutor(1, thread_name_prefix="vla-model")
+            self.engine = self._on_model(
+                Engine.from_checkpoint, _expand(c.checkpoint), _expand(c.vlm_dir), mode=c.mode,
+                tables=[_expand(t) for t in c.tables], threads=c.threads or None,
+                vision_position_ids=c.vision_position_ids, rtc=c.rtc())
             self._check_spec(c, self.engine.spec)
             spec = self.engine.spec
             log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras "
@@ -168,7 +176,7 @@ class VlaNode(LifecycleNode):
             ]
             self._requester = ChunkRequester(c.merge_timeout_s)
             try:
-                self._shadow = make_shadow(c, self.engine)
+                self._shadow = self._on_model(make_shadow, c, self.engine)
             except (ValueError, OSError) as e:
                 raise ValueError(f"shadow mode: {e}") from e
             # real-time chunking: the last chunk sent and the delay estimate (None: off)
@@ -201,7 +209,7 @@ class VlaNode(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         t0 = time.perf_counter()
         try:
-            self.engine.warmup()
+            self._on_model(self.engine.warmup)
         except Exception as e:
             self.get_logger().error(f"warm-up failed: {e}")
             return TransitionCallbackReturn.FAILURE
@@ -209,7 +217,7 @@ class VlaNode(LifecycleNode):
         ret = super().on_activate(state)
         self._slot = LatestSlot()
         self._requester = ChunkRequester(self.cfg.merge_timeout_s)
-        self._worker = Worker("inference", self._slot, self._serve, poll_s=0.2).start()
+        self._worker = Worker("inference", self._slot, lambda item: self._on_model(self._serve, item), poll_s=0.2).start()
         self._active = True
         return ret
 
@@ -245,9 +253,16 @@ class VlaNode(LifecycleNode):
             self.destroy_publisher(self._link_pub)
             self._link_pub = None
         self._close_shadow()
+        if self._model is not None:
+            self._model.shutdown(wait=False, cancel_futures=True)  # the worker (joined above) sent it the last call
+            self._model = None
         self.engine = None
         self._route = None
         self._placement = None
+
+    def _on_model(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on the model thread, waited for; its exception re-raised here."""
+        return self._model.submit(fn, *args, **kwargs).result()
 
     def _stop_worker(self) -> None:
         self._active = False

@@ -71,3 +71,23 @@ def test_restart_keeps_the_hold_position():
     core.start(50.0)
     held = core.tick(0)
     assert held.holding and np.array_equal(held.positions, last)
+
+
+def test_a_late_chunk_is_dropped_but_reported_consumed():
+    """Every row past on arrival: nothing is queued, it counts as late, and last_seq moves on so vla_node
+    (ChunkRequester) starts the next chunk now instead of waiting out merge_timeout_s."""
+    period = 0.02
+    core = ControlCore(period, "latest_only", 0.5, NAMES)
+    core.start(0.0)
+    seq = int(RNG.integers(2, 1000))
+    late_by = float(RNG.uniform(0.05, 1.0))
+    r = core.merge(_chunk(n=10, stamp=0.0, dt=period, seq=seq), now=9 * period + late_by)
+    cnt = core.counters()
+    assert r.scheduled == 0 and len(core.queue) == 0
+    assert (cnt.late_chunks, cnt.chunks, cnt.last_seq) == (1, 0, seq)
+    from edgefm_ros.control.request import ChunkRequester
+
+    req = ChunkRequester(merge_timeout_s=1.0)
+    req.started()
+    req.finished(seq, now=0.0)
+    assert req.should_start(True, False, cnt.last_seq, now=0.01) and req.lost == 0

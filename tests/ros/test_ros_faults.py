@@ -58,7 +58,7 @@ def test_stopped_camera_is_refused_and_reported(ros, tiny_model, short_bag, tmp_
     with ReplaySession(tmp_path, node_params(tiny_model), ("vla_node", "action_node"), ros_domain_id,
                        record_topics()) as s:
         s.wait_active(timeout=60)
-        s.play(short_bag, stop_after_s=3.0)
+        s.play(short_bag, stop_after_s=5.0)  # 5 s: a loaded 2-core CI host made only 1 chunk in 3 s once
         chunks_before = int(s.diagnostics("vla_node").get("chunks", 0))
         t_stop = time.time()  # camera1 (required) publishes nothing from here on
         topics = ("/camera2/image_raw/compressed", "/joint_states", "/instruction")
