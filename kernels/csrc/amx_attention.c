@@ -2,7 +2,7 @@
  *
  * For each (batch, query head, block of 16 query rows):
  *   1. S [16, Lk] fp32 = Q K^T on the tiles (bf16 products, fp32 sums), two 16-key blocks at a time;
- *   2. each row: max, E = exp((s - max) * scale) (to 2.7e-6 relative) rounded to bf16 (2^-9, as the reference
+ *   2. each row: max, E = exp((s - max) * scale) (to 7.7e-5 relative) rounded to bf16 (2^-9, as the reference
  *      rounds its probabilities to the value dtype) and its sum; masked keys get the reference's finfo.min
  *      score (a row with no visible key is uniform), keys past Lk get exactly 0;
  *   3. O [16, 64] = (E V on the tiles) / sum, rounded to bf16 (one pass over E instead of two).
@@ -83,6 +83,19 @@ static void pack_v(const uint16_t *v, int64_t sv, int64_t lk, int64_t lkp, uint1
     }
 }
 
+/* 2^t for the softmax's t <= 0, clamped at -100 (results stay normal numbers): t = n + f, |f| <= 1/2, a
+ * degree-3 fit of 2^f (7.7e-5 relative; P is rounded to bf16, 3.9e-3, right after). */
+static inline __m512 exp2_softmax_ps(__m512 t) {
+  t = _mm512_max_ps(t, _mm512_set1_ps(-100.0f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(0.05508868396282196f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24260404706001282f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932762265205383f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999289512634277f));
+  return _mm512_scalef_ps(p, n);
+}
+
 /* One row of scores s [lk] (fp32, unscaled) -> p [lkp] bf16 = exp((s - max) * scale), zero past lk; returns
  * the sum of the exponentials (the caller divides the row's P V by it). mask: uint8 [lk] or NULL. */
 static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp, float scale, uint16_t *p) {
@@ -93,14 +106,20 @@ static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp,
   }
   __m512 mx = _mm512_set1_ps(-FLT_MAX);
   for (int64_t j = 0; j < lk; j += 16) mx = _mm512_mask_max_ps(mx, tail_mask(lk - j), mx, _mm512_loadu_ps(s + j));
-  /* exp((s - max) * scale) = 2^((s - max) c), c = scale * log2(e); s - max first: a fully masked row has
-   * s = max = finfo.min exactly (uniform weights), where s c - max c would be the rounding error of ~1e38 */
+  const float m = _mm512_reduce_max_ps(mx);
+  if (m == -FLT_MAX) {  /* no visible key: uniform weights, as the reference's finfo.min fill gives */
+    for (int64_t j = 0; j < lkp; j += 16)
+      _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(
+          _mm512_maskz_mov_ps(j < lk ? tail_mask(lk - j) : 0, _mm512_set1_ps(1.0f))));
+    return (float)lk;
+  }
+  /* exp((s - max) * scale) = 2^(s c - max c), c = scale * log2(e), one FMA a vector */
   const __m512 c = _mm512_set1_ps(scale * 1.4426950408889634f);
-  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  const __m512 mc = _mm512_set1_ps(m * (scale * 1.4426950408889634f));
   __m512 acc = _mm512_setzero_ps();
   for (int64_t j = 0; j < lkp; j += 16) {
     const __mmask16 t = j < lk ? tail_mask(lk - j) : 0;
-    const __m512 e = _mm512_maskz_mov_ps(t, exp2_fast_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), m), c)));
+    const __m512 e = _mm512_maskz_mov_ps(t, exp2_softmax_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(t, s + j), c, mc)));
     acc = _mm512_add_ps(acc, e);
     _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
   }
