@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from . import native
+from . import cpu_attention, native
 
 NAME = "amx_attention"
 HEAD_DIM = 64
@@ -35,32 +35,14 @@ def unavailable() -> str | None:
     return reason
 
 
-def _operand(name: str, t: torch.Tensor) -> torch.Tensor:
-    if t.dtype != torch.bfloat16 or t.device.type != "cpu" or t.dim() != 4 or t.shape[-1] != HEAD_DIM:
-        raise ValueError(f"AMX attention {name} must be a 4-d bfloat16 CPU tensor with head size {HEAD_DIM}, got "
-                         f"{tuple(t.shape)} {t.dtype} on {t.device}")
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def _strides(t: torch.Tensor) -> ctypes.Array:
     return (ctypes.c_int64 * 3)(*t.stride()[:3])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    q, k, v = _operand("q", q), _operand("k", k), _operand("v", v)
+    q, k, v, m = cpu_attention.operands(q, k, v, mask, torch.bfloat16, HEAD_DIM)
     b, h, lq, _ = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    if tuple(k.shape) != (b, hkv, lk, HEAD_DIM) or v.shape != k.shape or h % hkv:
-        raise ValueError(f"attention shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: k and v "
-                         "must be [B, Hkv, Lk, 64] with Hkv dividing the query heads")
-    if lq < 1 or lk < 1:
-        raise ValueError(f"attention needs at least one query and one key, got Lq={lq}, Lk={lk}")
-    m = None
-    if mask is not None:
-        if mask.dtype != torch.bool or tuple(mask.shape) != (b, lq, lk):
-            raise ValueError(f"attention mask must be bool [B, Lq, Lk] = {(b, lq, lk)}, got {mask.dtype} "
-                             f"{tuple(mask.shape)}")
-        m = mask.contiguous().view(torch.uint8)
     reason = unavailable()
     if reason:
         raise RuntimeError(reason)

@@ -32,15 +32,20 @@ def _lib():
     return native.bind(NAME, SIGNATURES)
 
 
-def _operand(name: str, t: torch.Tensor) -> torch.Tensor:
-    if t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 4:
-        raise ValueError(f"attention {name} must be a 4-d float32 CPU tensor, got {tuple(t.shape)} {t.dtype} "
-                         f"on {t.device}")
-    return t if t.stride(-1) == 1 else t.contiguous()
+def operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype,
+             head_dim: int | None = None):
+    """The compiled attention kernels' operand checks (ValueError naming the bad value): q [B, H, Lq, D],
+    k/v [B, Hkv, Lk, D] 4-d ``dtype`` CPU tensors (D = ``head_dim`` when given), unit stride in D (copied
+    otherwise), Hkv dividing H, Lq, Lk, D >= 1, mask bool [B, Lq, Lk] or None.
+    -> (q, k, v, mask as uint8 contiguous or None)."""
+    def operand(name: str, t: torch.Tensor) -> torch.Tensor:
+        if t.dtype != dtype or t.device.type != "cpu" or t.dim() != 4 or head_dim not in (None, t.shape[-1]):
+            size = f" with head size {head_dim}" if head_dim else ""
+            raise ValueError(f"attention {name} must be a 4-d {str(dtype).removeprefix('torch.')} CPU tensor{size}, "
+                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+        return t if t.stride(-1) == 1 else t.contiguous()
 
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    q, k, v = _operand("q", q), _operand("k", k), _operand("v", v)
+    q, k, v = operand("q", q), operand("k", k), operand("v", v)
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     if tuple(k.shape) != (b, hkv, lk, d) or v.shape != k.shape or h % hkv:
@@ -54,6 +59,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
             raise ValueError(f"attention mask must be bool [B, Lq, Lk] = {(b, lq, lk)}, got {mask.dtype} "
                              f"{tuple(mask.shape)}")
         m = mask.contiguous().view(torch.uint8)
+    return q, k, v, m
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    q, k, v, m = operands(q, k, v, mask, torch.float32)
+    b, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
     threads = torch.get_num_threads()
     lib = _lib()
     scratch = torch.empty(threads * lib.edgefm_attention_scratch(lk, d), dtype=torch.float32)

@@ -123,31 +123,27 @@ class Gemm:
         return p
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.own_post:
-            y = self._plain(x)
-            return bf16_rows.gelu_tanh_(y) if self.post == "gelu_tanh" else bf16_rows.silu_glu(y)
-        if self.backend == "aten":
-            return epilogue(F.linear(x, self.w, self.b), self.post)
-        lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        m = x2.shape[0]
-        if self.backend == "panel":
-            y = self._panel(x2) if self.post == "silu_glu" else epilogue(self._panel(x2), self.post)  # glu fused
-        elif self.backend == "mkl":
-            y = epilogue(torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m), self.post)
-        elif self.post == "gelu_tanh":
-            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "gelu", [], "tanh")
+        if self.backend == "panel" and self.post == "silu_glu":
+            y = self._panel(x2)  # the GLU fused into the panel kernel
+        elif self.backend == "onednn" and self.post == "gelu_tanh" and not self.own_post:
+            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(x2.shape[0]), self.b, "gelu", [], "tanh")
         else:
-            y = epilogue(torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "none", [], ""), self.post)
-        return y.view(*lead, self.out_features)
+            y = self._gemm(x2)
+            y = (bf16_rows.gelu_tanh_(y) if self.post == "gelu_tanh" else bf16_rows.silu_glu(y)) if self.own_post \
+                else epilogue(y, self.post)
+        return y.view(*x.shape[:-1], self.out_features)
 
-    def _plain(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T + b with no epilogue, contiguous [..., N] (aten or oneDNN: the bf16 backends)."""
+    def _gemm(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 [M, K] W^T + b [M, N], no epilogue."""
+        m = x2.shape[0]
         if self.backend == "aten":
-            return F.linear(x, self.w, self.b)
-        x2 = x.reshape(-1, x.shape[-1])
-        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(x2.shape[0]), self.b, "none", [], "")
-        return y.view(*x.shape[:-1], y.shape[-1])
+            return F.linear(x2, self.w, self.b)
+        if self.backend == "panel":
+            return self._panel(x2)
+        if self.backend == "mkl":
+            return torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m)
+        return torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "none", [], "")
 
 
 def out_features(w: torch.Tensor, post: str) -> int:

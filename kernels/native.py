@@ -42,12 +42,13 @@ ISA = {
 
 @functools.lru_cache(maxsize=None)
 def cpu_flags() -> frozenset[str]:
-    """The running CPU's feature flags (/proc/cpuinfo), empty where it cannot be read."""
+    """The running CPU's feature flags (/proc/cpuinfo ``flags``, ``Features`` on ARM), empty where it cannot be
+    read. The hardware profile (runtime/hardware.py) is derived from the same set."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "flags":
+                if key.strip() in ("flags", "Features"):
                     return frozenset(value.split())
     except OSError:
         pass

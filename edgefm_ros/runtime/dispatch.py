@@ -211,7 +211,7 @@ class OpResolver:
         self.files, self.tuned = tuple(files), tuned  # the table files loaded (resolver.build_resolver), the tuned one
         self.resolved: list[Resolved] = []
         self.overruled: list[str] = []  # tuned records that could not serve here, and why
-        self.wrap = None  # (spec, impl, op) -> op: set before the model is built to instrument every op (profile.py)
+        self.wrap = None  # (spec, impl, op, operands) -> op: set before the model is built to instrument every op
 
     def restaged(self, stage_of) -> "OpResolver":
         """The same tables with another role -> stage map (and its own record of what it resolved)."""
@@ -233,7 +233,7 @@ class OpResolver:
             op = r.impl.build(spec, dict(r.record.impl_params), **operands)
         except (ValueError, TypeError, RuntimeError) as e:
             raise DispatchError(f"record {r.record.quote()} failed to build {op_name!r}: {e}") from e
-        return op if self.wrap is None else self.wrap(spec, r.impl, op)
+        return op if self.wrap is None else self.wrap(spec, r.impl, op, operands)
 
     # conveniences that derive the shape signature from the operands
     def linear(self, op_name: str, layer_role: str, weights):

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edgefm_kernels import native
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -31,19 +33,18 @@ class Hardware:
 
 
 def _cpu_info() -> tuple[str, frozenset[str]]:
-    name, flags = platform.processor() or platform.machine(), frozenset()
+    """(model name, feature flags: the ones the compiled kernels are checked against, native.cpu_flags)."""
+    name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and name in ("", platform.machine(), platform.processor()):
+                if key.strip() == "model name":
                     name = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = frozenset(value.split())
+                    break
     except OSError:
         pass
-    return name, flags
+    return name, native.cpu_flags()
 
 
 def cpu_profile(machine: str, flags: frozenset[str]) -> str:

@@ -20,6 +20,7 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -85,15 +86,10 @@ class OpProbe:
         tally.seconds += self._now() - t0
         tally.gflop += flops(spec, args, out) / 1e9
 
-    def wrap(self, spec: OpSpec, impl: Impl, op):
+    def wrap(self, spec: OpSpec, impl: Impl, op, operands: dict):
         key = (spec.stage, spec.op_kind, spec.layer_role)
         self.precision[key] = impl.precision
-        if isinstance(op, nn.Module):
-            started: list[float] = []
-            op.register_forward_pre_hook(lambda mod, args: started.append(self._now()))
-            op.register_forward_hook(lambda mod, args, out: self._record(key, spec, started.pop(), args, out))
-            return op
-        return _Timed(op, self, key, spec)
+        return observe(op, lambda args, out, t0: self._record(key, spec, t0, args, out), self._now)
 
     def rows(self, timings, peaks: dict[str, float]) -> list[dict]:
         """One row per (stage, op family), then ``glue`` and ``total`` per stage, in time order."""
@@ -126,16 +122,33 @@ class OpProbe:
         return sum(t.gflop for t in self.tallies.values())
 
 
-class _Timed:
-    """A plain-callable op with a timer; other attributes go to the op."""
+def observe(op, record: Callable[[tuple, object, float], None], clock: Callable[[], float] = time.perf_counter):
+    """``op`` calling ``record(args, out, t0)`` after each of its calls (``t0``: ``clock()`` at the call's
+    start). An ``nn.Module`` op keeps its type (forward hooks); a plain callable gets a wrapper that passes
+    other attributes (rope's ``tables``) to it."""
+    if isinstance(op, nn.Module):
+        started: list[float] = []
 
-    def __init__(self, op, probe: OpProbe, key, spec: OpSpec):
-        self._op, self._probe, self._key, self._spec = op, probe, key, spec
+        def before(mod, args) -> None:
+            started.append(clock())
+
+        def after(mod, args, out) -> None:  # returns None: the op's output stays
+            record(args, out, started.pop())
+
+        op.register_forward_pre_hook(before)
+        op.register_forward_hook(after)
+        return op
+    return _Observed(op, record, clock)
+
+
+class _Observed:
+    def __init__(self, op, record, clock):
+        self._op, self._record, self._clock = op, record, clock
 
     def __call__(self, *args, **kwargs):
-        t0 = self._probe._now()
+        t0 = self._clock()
         out = self._op(*args, **kwargs)
-        self._probe._record(self._key, self._spec, t0, args, out)
+        self._record(args, out, t0)
         return out
 
     def __getattr__(self, name):
@@ -182,4 +195,4 @@ def format_rows(rows: list[dict], peaks: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["OpProbe", "Tally", "flops", "format_rows", "measure_peaks", "PEAK_DTYPES"]
+__all__ = ["OpProbe", "Tally", "flops", "format_rows", "measure_peaks", "observe", "PEAK_DTYPES"]

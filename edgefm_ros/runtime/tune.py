@@ -20,11 +20,9 @@ import datetime as _dt
 import itertools
 import statistics
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
-from unittest import mock
 
 import numpy as np
 import torch
@@ -32,8 +30,9 @@ import yaml
 
 from edgefm_kernels.registry import Impl, OpSpec, impls_for
 
-from .dispatch import OpResolver, Table
+from .dispatch import Table
 from .engine import Engine
+from .profile import observe
 from .hardware import detect
 from .modes import TUNABLE, check_mode
 from .resolver import tuned_table_path
@@ -80,51 +79,33 @@ class Site:
         return "/".join(self.key)
 
 
-class _Probe:
-    """Wraps a built kernel; records its first call's argument signatures into the site."""
+class _SiteProbe:
+    """``Engine(probe=...)``: the first op of each (op_kind, layer_role, stage, shape_sig) becomes a site that
+    records its first call's argument signatures; later ops of the same key only count."""
 
-    def __init__(self, kernel, site: Site):
-        self._kernel, self._site = kernel, site
+    def __init__(self, sites: dict):
+        self.sites = sites
 
-    def __call__(self, *args):
-        if self._site.args is None:
-            self._site.args = signature(args)
-        return self._kernel(*args)
-
-    def __getattr__(self, name):  # rope's .tables, module attributes
-        return getattr(self._kernel, name)
-
-
-@contextmanager
-def _probing(sites: dict):
-    """While active, every op the engine builds is wrapped in a probe and recorded as a site.
-
-    (Patches OpResolver.build for the duration of one engine build; an ``op_wrapper`` hook on the
-    resolver would make this unnecessary.)
-    """
-    original = OpResolver.build
-
-    def build(self, op_kind, op_name, layer_role, shape_sig, dims=None, **operands):
-        kernel = original(self, op_kind, op_name, layer_role, shape_sig, dims, **operands)
-        spec = self.resolved[-1].spec
+    def wrap(self, spec: OpSpec, impl: Impl, op, operands: dict):
         key = (spec.op_kind, spec.layer_role, spec.stage, spec.shape_sig)
-        if key in sites:
-            sites[key].count += 1
-            return kernel
-        site = sites[key] = Site(spec, signature(operands))
-        return _Probe(kernel, site)
+        if key in self.sites:
+            self.sites[key].count += 1
+            return op
+        site = self.sites[key] = Site(spec, signature(operands))
 
-    with mock.patch.object(OpResolver, "build", build):
-        yield
+        def first_call(args, out, t0) -> None:
+            if site.args is None:
+                site.args = signature(args)
+
+        return observe(op, first_call)
 
 
 def capture_sites(checkpoint, vlm_dir=None, mode: str = "fast", threads: int | None = None,
                   vision_position_ids: str = "auto") -> tuple[list[Site], Engine]:
     """Every distinct op site of the model as built for ``mode``, with its real call shapes."""
     sites: dict = {}
-    with _probing(sites):
-        engine = Engine.from_checkpoint(checkpoint, vlm_dir, mode=mode, threads=threads, use_tuned=False,
-                                        vision_position_ids=vision_position_ids)
+    engine = Engine.from_checkpoint(checkpoint, vlm_dir, mode=mode, threads=threads, use_tuned=False,
+                                    vision_position_ids=vision_position_ids, probe=_SiteProbe(sites))
     engine.warmup()
     return [s for s in sites.values() if s.args is not None], engine
 

@@ -132,9 +132,11 @@ def test_target_dist_and_residual():
     p = target_dist(logits, s)
     want = torch.tensor([filtered_dist(r, 0.7, 12, 0.8) for r in logits.double().tolist()], dtype=torch.float64)
     torch.testing.assert_close(p.double(), want, rtol=0, atol=1e-6)
-    for row, probs in zip(logits, p):  # what is kept is the top of the logits, at most top_k of them
+    for row, probs in zip(logits, p):  # what is kept is the nucleus of the top 12 logits, counted directly
         kept = probs > 0
-        assert 1 <= int(kept.sum()) <= 12
+        top = torch.softmax(row.double().sort(descending=True).values[:12] / 0.7, -1)
+        nucleus = int((top.cumsum(-1) < 0.8).sum()) + 1  # the fewest of them whose mass reaches top_p
+        assert int(kept.sum()) == min(nucleus, 12)
         assert row[kept].min() > row[~kept].max()
     q = torch.softmax(torch.randn(3, 40), -1)
     r = residual(p, q)
