@@ -7,6 +7,8 @@
   onednn  oneDNN with the weight reordered once into its blocked layout (fp32, or bf16 on AMX)
   panel   our AVX-512 kernel (panel_gemm.py, fp32 only): 32-column panels packed once for every M,
           the next panel prefetched while one is used; made for decode, where the weights are cold
+  amx     our AMX kernel (amx_gemm.py, bf16 only): the weight packed once into the tiles' read order, the
+          epilogue fused; made for decode (M = 50), where it streams the weight once per call
 ``post`` is an epilogue: "none", "gelu_tanh" (fused by oneDNN, applied after aten/mkl), "silu_glu" (W stacks
 gate over up, [2I, K]; the output is silu(gate) * up [..., I]: fused by the panel kernel, applied after the
 others). ``epilogue`` says who applies it: "library" (as above) or "avx512" (bf16 only: one pass of our
@@ -23,17 +25,18 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from . import bf16_rows, native, panel_gemm
+from . import amx_gemm, bf16_rows, native, panel_gemm
 
 
-BACKENDS = ("aten", "mkl", "onednn", "panel")
+BACKENDS = ("aten", "mkl", "onednn", "panel")  # fp32
+BF16_BACKENDS = ("aten", "onednn", "amx")
 POSTS = ("none", "gelu_tanh", "silu_glu")
 EPILOGUES = ("library", "avx512")
 
 
 def backend_rejects(backend: str, dtype: torch.dtype) -> str | None:
-    if backend not in BACKENDS:
-        return f"unknown GEMM backend {backend!r}; known: {BACKENDS}"
+    if backend not in BACKENDS + BF16_BACKENDS:
+        return f"unknown GEMM backend {backend!r}; known: {tuple(dict.fromkeys(BACKENDS + BF16_BACKENDS))}"
     if backend == "mkl" and dtype != torch.float32:
         return "the mkl packed GEMM is fp32 only"
     if backend in ("mkl", "onednn") and not torch.backends.mkldnn.is_available():
@@ -42,6 +45,10 @@ def backend_rejects(backend: str, dtype: torch.dtype) -> str | None:
         if dtype != torch.float32:
             return "the panel GEMM is fp32 only"
         return panel_gemm.unavailable()
+    if backend == "amx":
+        if dtype != torch.bfloat16:
+            return "the AMX GEMM is bf16 only"
+        return amx_gemm.unavailable()
     return None
 
 
@@ -62,6 +69,8 @@ def backend_check(dtype: torch.dtype):
         if reason:
             return reason
         backend = params.get("backend", "aten")
+        if backend == "amx" and params.get("epilogue", "library") != "library":
+            return "the amx backend applies its epilogue in the kernel (epilogue=library)"
         if backend != "aten" and not spec.hw_profile.startswith("cpu"):
             return f"backend {backend!r} is a CPU GEMM, this is {spec.hw_profile!r}"
         if backend == "panel" and not spec.hw_profile.startswith("cpu_x86_avx512"):
@@ -106,6 +115,10 @@ class Gemm:
             self._panel = (panel_gemm.PanelGlu(*w.chunk(2)) if post == "silu_glu"
                            else panel_gemm.PanelWeight(w, b))
             self.w = self.b = None
+        elif backend == "amx":  # one layout for every M, the epilogue in the kernel
+            self._panel = amx_gemm.AmxWeight(w, b, post)
+            self.w = self.b = None
+            self.own_post = False
 
     def packed(self, m: int) -> torch.Tensor:
         """The packed layout for ``m`` rows: one for single rows (the libraries' matrix-vector path sums in
@@ -124,8 +137,8 @@ class Gemm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        if self.backend == "panel" and self.post == "silu_glu":
-            y = self._panel(x2)  # the GLU fused into the panel kernel
+        if self.backend == "amx" or (self.backend == "panel" and self.post == "silu_glu"):
+            y = self._panel(x2)  # the epilogue fused into our kernel
         elif self.backend == "onednn" and self.post == "gelu_tanh" and not self.own_post:
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(x2.shape[0]), self.b, "gelu", [], "tanh")
         else:
@@ -139,7 +152,7 @@ class Gemm:
         m = x2.shape[0]
         if self.backend == "aten":
             return F.linear(x2, self.w, self.b)
-        if self.backend == "panel":
+        if self.backend in ("panel", "amx"):
             return self._panel(x2)
         if self.backend == "mkl":
             return torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m)

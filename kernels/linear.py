@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, backend_check, concat, gemm_factory
+from .gemm import BACKENDS, BF16_BACKENDS, backend_check, concat, gemm_factory
 from .pages import release_pages
 from .registry import Impl, register
 
@@ -69,6 +69,6 @@ def _fused(dtype: torch.dtype):
 register(Impl("linear", "fused", _fused(torch.float32), param_space={"backend": BACKENDS},
               check=backend_check(torch.float32),
               doc="fp32; the group's weights concatenated once -> one GEMM (aten | MKL packed | oneDNN packed)"))
-register(Impl("linear", "bf16", _fused(torch.bfloat16), param_space={"backend": ("aten", "onednn")},
+register(Impl("linear", "bf16", _fused(torch.bfloat16), param_space={"backend": BF16_BACKENDS},
               precision="bf16", check=backend_check(torch.bfloat16),
               doc="bf16 weights and compute (AMX/AVX512-BF16 through oneDNN), fused group, output in x's dtype"))

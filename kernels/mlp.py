@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, EPILOGUES, backend_check, concat, gemm_factory
+from .gemm import BACKENDS, BF16_BACKENDS, EPILOGUES, backend_check, concat, gemm_factory
 from .pages import release_pages
 from .registry import Impl, register
 
@@ -45,20 +45,21 @@ class MlpFused(nn.Module):
     come in any float dtype: it is cast to ``dtype`` and the output back to x's dtype.
     """
 
-    def __init__(self, weights, act: str, dtype: torch.dtype, gemm):
+    def __init__(self, weights, act: str, dtype: torch.dtype, gemm, weight_dtype: torch.dtype | None = None):
         super().__init__()
         if act not in ACTS:
             raise ValueError(f"unknown MLP activation {act!r}; known: {ACTS}")
         w = dict(weights)
         self.dtype = dtype
+        wd = weight_dtype or dtype
         if act == "silu_gated":
             pair = [(w["gate"], None), (w["up"], None)]
-            self.first = gemm(lambda: concat(pair, dtype), "silu_glu")
-            self.second = gemm(lambda: concat([(w["down"], None)], dtype), "none")
+            self.first = gemm(lambda: concat(pair, wd), "silu_glu")
+            self.second = gemm(lambda: concat([(w["down"], None)], wd), "none")
             sources = [w["gate"], w["up"], w["down"]]
         else:
-            self.first = gemm(lambda: concat([w["fc1"]], dtype), "gelu_tanh")
-            self.second = gemm(lambda: concat([w["fc2"]], dtype), "none")
+            self.first = gemm(lambda: concat([w["fc1"]], wd), "gelu_tanh")
+            self.second = gemm(lambda: concat([w["fc2"]], wd), "none")
             sources = [*w["fc1"], *w["fc2"]]
         release_pages([t for t in sources if t is not None])
 
@@ -74,7 +75,7 @@ def _fused(dtype: torch.dtype):
 register(Impl("mlp", "fused", _fused(torch.float32), param_space={"backend": BACKENDS},
               check=backend_check(torch.float32),
               doc="fp32; gate/up one GEMM, or GELU fused into fc1 (oneDNN)"))
-register(Impl("mlp", "bf16", _fused(torch.bfloat16), param_space={"backend": ("aten", "onednn"), "epilogue": EPILOGUES},
+register(Impl("mlp", "bf16", _fused(torch.bfloat16), param_space={"backend": BF16_BACKENDS, "epilogue": EPILOGUES},
               precision="bf16", check=backend_check(torch.bfloat16),
               doc="bf16 weights and compute, gate/up one GEMM / GELU fused (oneDNN), or the SiLU-GLU / GELU "
                   "pass of csrc/bf16_rows.c after the GEMM (epilogue=avx512)"))

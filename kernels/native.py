@@ -37,6 +37,8 @@ FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-mavx512f", "-mavx512vl", "-ma
 ISA = {
     "bf16_rows": (("-mavx512bf16",), ("avx512_bf16",)),
     "amx_attention": (("-mavx512bf16", "-mamx-tile", "-mamx-bf16"), ("avx512_bf16", "amx_tile", "amx_bf16")),
+    "amx_gemm": (("-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
+                 ("avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")),
 }
 
 

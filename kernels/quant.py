@@ -4,6 +4,9 @@
             call (per tensor, asymmetric uint8), fp32 in and out
   int8_wo   weight-only: int8 weights, bf16 activations, dequantised inside the GEMM
             (torch._weight_int8pack_mm), bf16 out
+  int8_amx  our AMX kernel (amx_gemm.py, weights="int8"): bf16 activations quantised per row and call
+            (symmetric), int8 tile products, int32 sums, scales, bias and epilogue applied in the kernel,
+            bf16 out; made for decode (M = 50), where it reads half the bytes of bf16 weights
 Same build/call contracts as linear.py and mlp.py; outputs in x's dtype.
 """
 from __future__ import annotations
@@ -13,12 +16,14 @@ from contextlib import contextmanager
 
 import torch
 
+from . import amx_gemm
+from .amx_gemm import quantize_rows
 from .gemm import POSTS, epilogue, out_features
 from .linear import LinearGroupFused
 from .mlp import MlpFused
 from .registry import Impl, register
 
-MODES = ("int8_dyn", "int8_wo")
+MODES = ("int8_dyn", "int8_wo", "int8_amx")
 WO_K_MULTIPLE = 16  # _weight_int8pack_mm on CPU
 
 
@@ -30,13 +35,6 @@ def _quant_engine(name: str):
         yield
     finally:
         torch.backends.quantized.engine = old
-
-
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] float -> (int8 [N, K], fp32 scales [N]) with W ~ q * scale, |q| <= 127."""
-    w = w.float()
-    scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
-    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
 
 
 class QGemm:
@@ -51,8 +49,11 @@ class QGemm:
         if mode == "int8_wo" and w.shape[1] % WO_K_MULTIPLE:
             # torch's CPU kernel aborts the process (no exception) for other widths
             raise ValueError(f"int8_wo needs in-features divisible by {WO_K_MULTIPLE}, got {w.shape[1]}")
-        q, scale = quantize_rows(w)
         self.mode, self.post, self.out_features = mode, post, out_features(w, post)
+        if mode == "int8_amx":  # quantised and packed by the kernel's module
+            self.kernel = amx_gemm.AmxWeight(w, b, post, weights="int8")
+            return
+        q, scale = quantize_rows(w)
         if mode == "int8_dyn":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # quantized tensor creation is deprecated, still the API
@@ -66,6 +67,8 @@ class QGemm:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
+        if self.mode == "int8_amx":
+            return self.kernel(x2).view(*lead, self.out_features)
         if self.mode == "int8_dyn":
             y = torch.ops.quantized.linear_dynamic(x2.float(), self.packed, False)
         else:
@@ -83,6 +86,8 @@ def _check(mode: str):
     def check(spec, params) -> str | None:
         if not spec.hw_profile.startswith("cpu"):
             return f"the int8 CPU kernels do not run on {spec.hw_profile!r}"
+        if mode == "int8_amx":
+            return amx_gemm.unavailable()
         if mode == "int8_dyn" and "onednn" not in torch.backends.quantized.supported_engines:
             return "torch has no oneDNN quantised engine"
         if mode == "int8_wo":
@@ -100,11 +105,13 @@ def _linear(mode: str):
 
 def _mlp(mode: str):
     def build(spec, params, weights, act):
-        return MlpFused(weights, act, torch.float32, lambda make, post: QGemm(make, post, mode))
+        dtype = torch.bfloat16 if mode == "int8_amx" else torch.float32
+        return MlpFused(weights, act, dtype, lambda make, post: QGemm(make, post, mode), weight_dtype=torch.float32)
     return build
 
 
 for _mode, _doc in (("int8_dyn", "dynamic int8 (activations quantised per call, oneDNN VNNI/AMX)"),
-                    ("int8_wo", "int8 weights, bf16 activations (_weight_int8pack_mm)")):
+                    ("int8_wo", "int8 weights, bf16 activations (_weight_int8pack_mm)"),
+                    ("int8_amx", "our AMX int8 GEMM, activations per row, epilogue fused, bf16 in and out")):
     register(Impl("linear", _mode, _linear(_mode), precision="int8", check=_check(_mode), doc=_doc))
     register(Impl("mlp", _mode, _mlp(_mode), precision="int8", check=_check(_mode), doc=_doc))

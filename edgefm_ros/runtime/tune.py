@@ -44,6 +44,8 @@ FORMAT = 1
 MIN_SITE_S, MAX_ROUNDS = 0.3, 60  # fast ops get more rounds: at least this long timing each site
 PRECISION_RANK = {"fp32": 3, "bf16": 2, "fp16": 2, "int8": 1, "fp8": 0}
 PREFER_PRECISE = 0.10
+# ... nor a saving too small to matter: a quantised winner (below bf16) must save this much time per chunk
+MIN_SAVED_MS = 3.0
 
 
 # ---- sites --------------------------------------------------------------------------------------
@@ -245,13 +247,16 @@ def dtype_mismatch(out, inputs: tuple) -> str | None:
     return None
 
 
-def pick_winner(ok: list[Result]) -> Result:
+def pick_winner(ok: list[Result], calls_per_chunk: int = 1) -> Result:
     """The fastest, unless a more precise survivor is within PREFER_PRECISE of it (noise is not a reason
-    to lose precision)."""
+    to lose precision) or, where the fastest is quantised, costs less than MIN_SAVED_MS more per chunk
+    (``calls_per_chunk``: how often a chunk runs the site): quantisation goes only where it buys time."""
     best = ok[0]
+    quantised = PRECISION_RANK.get(ok[0].precision, 0) < PRECISION_RANK["bf16"]
     for r in ok[1:]:
-        if (PRECISION_RANK.get(r.precision, 0) > PRECISION_RANK.get(best.precision, 0)
-                and r.median_ms <= ok[0].median_ms * (1 + PREFER_PRECISE)):
+        close = (r.median_ms <= ok[0].median_ms * (1 + PREFER_PRECISE)
+                 or quantised and (r.median_ms - ok[0].median_ms) * calls_per_chunk < MIN_SAVED_MS)
+        if PRECISION_RANK.get(r.precision, 0) > PRECISION_RANK.get(best.precision, 0) and close:
             best = r
     return best
 
@@ -431,6 +436,7 @@ def tune(checkpoint, vlm_dir=None, out_path=None, budget_s: float = 600.0, dry_r
     hw = detect("cpu")
     out = Path(out_path) if out_path else tuned_table_path(hw.profile)
     sites, engine = capture_sites(checkpoint, vlm_dir, mode, threads, vision_position_ids)
+    steps = engine.model_config.num_steps  # decode sites run once per Euler step
     untuned = engine.resolver.table  # what the engine runs without a tuned table: built-ins + skills
     del engine  # only its sites and tables are needed: free the weights before timing
     searched = [s for s in sites if s.spec.op_kind in SEARCHED]
@@ -478,7 +484,7 @@ def tune(checkpoint, vlm_dir=None, out_path=None, budget_s: float = 600.0, dry_r
         d_id, d_params = default_choice(site, untuned)
         default = next((r for r in ok if r.impl_id == d_id and r.params == with_defaults(r.impl_id, site, d_params)),
                        None)
-        best = pick_winner(ok)
+        best = pick_winner(ok, site.count * (steps if site.spec.stage == "decode" else 1))
         runner_up = next((r for r in ok if r is not best), None)
         records.append(site_record(site, hw.profile, best, runner_up, default, provenance))
         write_table(out, meta, records)

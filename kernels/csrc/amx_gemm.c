@@ -1,0 +1,232 @@
+/* bf16 GEMM for a few rows (the action expert's decode: M = 50) on Intel AMX, with its epilogue fused:
+ *   y [M, N] = x [M, K] W^T (+ b)                     (post 0)
+ *   y [M, I] = silu(x G^T) * (x U^T)                  (post 1, W = gate and up)
+ *   y [M, N] = gelu_tanh(x W^T + b)                   (post 2)
+ * At M = 50 a chunk's decode is bound by reading the weights (200 MB of bf16 per Euler step, from DRAM), not
+ * by the tiles. The weight is packed once (Python side, amx_gemm.py) into the order this kernel reads it:
+ * for each block of output columns, its two 16-column tiles, each as a run of 1 KB B tiles over the 32-wide
+ * K steps in the VNNI layout (pairs of the reduction index side by side). Each thread takes a contiguous range of blocks, so it reads one
+ * sequential stream that the hardware prefetcher follows, and the next tiles are prefetched explicitly.
+ * A block is 32 output columns (post 0, 2) or 16 gate and the matching 16 up columns (post 1), so the
+ * GLU's two halves meet in one pair of accumulators.
+ * Up to 64 rows per pass over the weight: each 16-column B tile is loaded once and multiplied by every
+ * 16-row block of x (a short last block gets a short tile, so M = 50 costs 50 rows of tile work, not 64);
+ * x is copied once per call into a zero-padded buffer [ceil16(M), Kp]. Sums in fp32 on the tiles, the
+ * epilogue in fp32, rounded once.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+long syscall(long number, ...);  /* unistd.h declares it only under _GNU_SOURCE / _DEFAULT_SOURCE (-std=c11) */
+
+#include "vec_math.h"
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define TILE_BYTES 1024 /* one 16 x 64-byte tile */
+#ifndef PREFETCH_L2
+#define PREFETCH_L2 16
+#endif
+#ifndef PREFETCH_L1
+#define PREFETCH_L1 4
+#endif
+
+/* Asks the kernel for the AMX tile state (once per process; 0 = granted). */
+int edgefm_amx_gemm_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
+
+typedef struct {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tile_config;
+
+
+static inline __m512 rcp_ps(__m512 x) {
+  const __m512 r = _mm512_rcp14_ps(x);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(x, r, _mm512_set1_ps(2.0f)));
+}
+
+static inline void store_bf16(uint16_t *p, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+/* Accumulator row (16 lanes) -> fp32: the tiles' fp32 sums (bf16), or int32 sums times the row's scale and
+ * the columns' (int8: sx the row's activation scale, sw the tile's 16 weight scales). */
+static inline __m512 acc_ps(const float *a, const float *sw, float sx) {
+  if (!sw) return _mm512_loadu_ps(a);
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(a)), _mm512_mul_ps(_mm512_loadu_ps(sw), _mm512_set1_ps(sx)));
+}
+
+/* One block's accumulators acc[t][row][16] (t: the block's two 16-column tiles) -> y rows r0 .. r0 + rows.
+ * sw: the packed weight scales [nblocks][2][16] (int8) or NULL (bf16); sx: the rows' scales (int8). */
+static void epilogue(const float *acc, int64_t rows, int64_t r0, int64_t nb, int post, const float *bias,
+                     const float *sw, const float *sx, int64_t n_out, uint16_t *y) {
+  const float *sw0 = sw ? sw + nb * 32 : NULL, *sw1 = sw ? sw + nb * 32 + 16 : NULL;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *a0 = acc + r * 16, *a1 = acc + 64 * 16 + r * 16;
+    const float rs = sx ? sx[r0 + r] : 1.0f;
+    uint16_t *yr = y + (r0 + r) * n_out;
+    if (post == 1) {
+      const int64_t c = nb * 16;
+      const __mmask16 m = tail_mask(n_out - c);
+      const __m512 g = acc_ps(a0, sw0, rs), u = acc_ps(a1, sw1, rs);
+      const __m512 e = exp2_fast_ps(_mm512_mul_ps(_mm512_set1_ps(-1.4426950408889634f), g));
+      store_bf16(yr + c, m, _mm512_mul_ps(_mm512_mul_ps(g, rcp_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e))), u));
+      continue;
+    }
+    for (int t = 0; t < 2; ++t) {
+      const int64_t c = nb * 32 + t * 16;
+      if (c >= n_out) break;
+      const __mmask16 m = tail_mask(n_out - c);
+      __m512 v = acc_ps(t ? a1 : a0, t ? sw1 : sw0, rs);
+      if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + c));
+      if (post == 2) {
+        const __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
+        const __m512 uu = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                        _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(0.044715f), v3)));
+        const __m512 e = exp2_fast_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f * 1.4426950408889634f), uu));
+        v = _mm512_mul_ps(v, rcp_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+      }
+      store_bf16(yr + c, m, v);
+    }
+  }
+}
+
+/* Tiles for one group of up to four 16-row blocks of x: A operands in tiles 0, 1 and 3 (3: a short last
+ * block), the B operand in tile 2, accumulators in 4 + j for row block j, each as tall as its rows. */
+static void configure_group(int64_t rows) {
+  tile_config c;
+  memset(&c, 0, sizeof c);
+  c.palette_id = 1;
+  const int64_t tail = rows % 16;
+  for (int t = 0; t < 4; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  if (tail) c.rows[3] = (uint8_t)tail;
+  for (int j = 0; j < 4; ++j) {
+    const int64_t r = rows - 16 * j;
+    if (r <= 0) continue;
+    c.colsb[4 + j] = 64;
+    c.rows[4 + j] = (uint8_t)(r >= 16 ? 16 : r);
+  }
+  _tile_loadconfig(&c);
+}
+
+/* The A tile of row block j in a group of `rows` rows: 3 for a short last block, else 0 and 1 in turn. */
+#define A_TILE(j, rows) ((16 * ((j) + 1) > (rows)) ? 3 : ((j) & 1))
+
+/* One K step of row block J into accumulator C (= 4 + J; the intrinsics take literal tile numbers). */
+#define TILE_RUN(J, C)                                                                       \
+  if (blocks > J) {                                                                          \
+    const char *arow = xa + (r0 + 16 * J) * row_bytes + s * 64;                              \
+    if (A_TILE(J, rows) == 3) _tile_loadd(3, arow, row_bytes);                                \
+    else if (A_TILE(J, rows) == 1) _tile_loadd(1, arow, row_bytes);                           \
+    else _tile_loadd(0, arow, row_bytes);                                                     \
+    if (A_TILE(J, rows) == 3) { if (s8) _tile_dpbssd(C, 3, 2); else _tile_dpbf16ps(C, 3, 2); }          \
+    else if (A_TILE(J, rows) == 1) { if (s8) _tile_dpbssd(C, 1, 2); else _tile_dpbf16ps(C, 1, 2); }     \
+    else { if (s8) _tile_dpbssd(C, 0, 2); else _tile_dpbf16ps(C, 0, 2); }                                \
+  }
+
+/* x rows -> the zero-padded A buffer [ceil16(m), kp]: bf16 copied, or (s8) int8 with one symmetric scale per
+ * row, q = round_half_even(x / scale), scale = max |x| / 127 (1 for a zero row, NaN for a row holding a NaN or
+ * an infinity, so that its outputs are NaN). Returns the buffer (64-byte aligned, free() it) or NULL. */
+static char *pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t sx, int64_t kp, int s8, float *scales,
+                       int threads) {
+  const int64_t mp = (m + 15) / 16 * 16, eb = s8 ? 1 : 2;
+  char *xa = aligned_alloc(64, (size_t)(mp * kp * eb + 63) / 64 * 64);
+  if (!xa) return NULL;
+  memset(xa + m * kp * eb, 0, (size_t)((mp - m) * kp * eb));
+  #pragma omp parallel for schedule(static) num_threads(threads) if (m * k >= (1 << 16))
+  for (int64_t r = 0; r < m; ++r) {
+    const uint16_t *xr = x + r * sx;
+    memset(xa + (r * kp + k) * eb, 0, (size_t)((kp - k) * eb));
+    if (!s8) {
+      memcpy(xa + r * kp * 2, xr, (size_t)k * 2);
+      continue;
+    }
+    __m512 amax = _mm512_setzero_ps();
+    int bad = 0;
+    for (int64_t j = 0; j < k; j += 16) {
+      const __mmask16 mk = tail_mask(k - j);
+      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xr + j)), 16));
+      bad |= _mm512_mask_fpclass_ps_mask(mk, v, 0x01 | 0x08 | 0x10 | 0x80) != 0;
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+    }
+    const float mx = _mm512_reduce_max_ps(amax);
+    const float scale = bad ? NAN : mx > 0.0f ? mx / 127.0f : 1.0f;
+    scales[r] = scale;
+    if (bad) {
+      memset(xa + r * kp, 0, (size_t)k);
+      continue;
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / scale);
+    int8_t *q = (int8_t *)xa + r * kp;
+    for (int64_t j = 0; j < k; j += 16) {
+      const __mmask16 mk = tail_mask(k - j);
+      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xr + j)), 16));
+      _mm512_mask_cvtsepi32_storeu_epi8(q + j, mk, _mm512_cvtps_epi32(_mm512_mul_ps(v, inv)));
+    }
+  }
+  return xa;
+}
+
+/* x [m, k] bf16 (row stride sx elements); wp packed [nblocks][2][kp / KSTEP][TILE bytes]: bf16 (KSTEP 32) or,
+ * with sw, int8 (KSTEP 64) whose column scales are sw [nblocks][2][16]; bias [n_out] fp32 or NULL;
+ * y [m, n_out] bf16 contiguous. Returns 0, or -1 when the row buffer cannot be allocated. */
+int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const void *wp, const float *sw,
+                    int64_t nblocks, int64_t kp, const float *bias, int post, int64_t n_out, uint16_t *y, int threads) {
+  const int s8 = sw != NULL;
+  const int64_t ksteps = kp / (s8 ? 64 : 32), row_bytes = s8 ? kp : kp * 2;
+  float *scales = s8 ? malloc((size_t)(m > 0 ? m : 1) * sizeof(float)) : NULL;
+  char *xa = (s8 && !scales) ? NULL : pack_rows(x, m, k, sx, kp, s8, scales, threads);
+  if (!xa) {
+    free(scales);
+    return -1;
+  }
+  #pragma omp parallel num_threads(threads)
+  {
+    float acc[2 * 64 * 16] __attribute__((aligned(64))); /* [tile][row of the group][16], fp32 or int32 sums */
+    for (int64_t r0 = 0; r0 < m; r0 += 64) { /* one pass over the weight per 64 rows: decode has one */
+      const int64_t rows = (m - r0) < 64 ? (m - r0) : 64, blocks = (rows + 15) / 16;
+      configure_group(rows);
+      #pragma omp for schedule(static)
+      for (int64_t nb = 0; nb < nblocks; ++nb) {
+        for (int t = 0; t < 2; ++t) {
+          if (post != 1 && nb * 32 + t * 16 >= n_out) break;
+          const char *wt = (const char *)wp + (nb * 2 + t) * ksteps * TILE_BYTES;
+          _tile_zero(4);
+          if (blocks > 1) _tile_zero(5);
+          if (blocks > 2) _tile_zero(6);
+          if (blocks > 3) _tile_zero(7);
+          for (int64_t s = 0; s < ksteps; ++s) {
+            const char *b = wt + s * TILE_BYTES;
+            for (int l = 0; l < TILE_BYTES; l += 64) {
+              _mm_prefetch(b + PREFETCH_L2 * TILE_BYTES + l, _MM_HINT_T1);
+              _mm_prefetch(b + PREFETCH_L1 * TILE_BYTES + l, _MM_HINT_T0);
+            }
+            _tile_loadd(2, b, 64);
+            TILE_RUN(0, 4)
+            TILE_RUN(1, 5)
+            TILE_RUN(2, 6)
+            TILE_RUN(3, 7)
+          }
+          float *a = acc + t * 64 * 16;
+          _tile_stored(4, a, 64);
+          if (blocks > 1) _tile_stored(5, a + 16 * 16, 64);
+          if (blocks > 2) _tile_stored(6, a + 32 * 16, 64);
+          if (blocks > 3) _tile_stored(7, a + 48 * 16, 64);
+        }
+        epilogue(acc, rows, r0, nb, post, bias, sw, scales, n_out, y);
+      }
+    }
+    _tile_release();
+  }
+  free(xa);
+  free(scales);
+  return 0;
+}

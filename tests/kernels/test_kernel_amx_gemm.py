@@ -1,0 +1,151 @@
+"""Our AMX GEMM for few rows (kernels/csrc/amx_gemm.c) against float64 on fresh random inputs: bf16 and int8
+weights, every fused epilogue, shapes around the 16-row, 16/32-column and 32/64-wide K tiles; through the
+registered impls (linear/mlp bf16 with backend=amx, int8_amx); non-finite rows; and its refusal on a CPU
+without AMX-INT8."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgefm_kernels import amx_gemm, native
+from edgefm_kernels.gemm import Gemm
+from edgefm_kernels.quant import QGemm
+
+from skips import native_mark
+
+needs_amx = native_mark(amx_gemm.NAME)
+# max |out - ref| / max |ref|. bf16: inputs and weights rounded to bf16 before, fp32 sums, the output rounded
+# once (2^-9): measured 2e-3 - 4e-3. int8: weights per output channel and rows per call rounded to 1/254 of
+# their largest value: measured 4e-3 - 1.5e-2 on Gaussian data.
+BOUND = {"bf16": 2e-2, "int8": 5e-2}
+
+
+def _rel(out, ref):
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def _reference(x, w, b, post, weights):
+    """float64 of the bf16 input's values, with the weight as the kernel sees it before its own rounding."""
+    wr = w.bfloat16().double() if weights == "bf16" else w.double()
+    y = x.double() @ wr.T + (0 if b is None else b.double())
+    if post == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    if post == "silu_glu":
+        g, u = y.chunk(2, dim=-1)
+        return F.silu(g) * u
+    return y
+
+
+@needs_amx
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+@pytest.mark.parametrize("post", ["none", "gelu_tanh", "silu_glu"])
+@pytest.mark.parametrize("m,k,n", [(1, 8, 16), (7, 100, 50), (16, 64, 32), (17, 33, 96), (50, 720, 4096),
+                                   (50, 2048, 720), (64, 130, 40), (65, 96, 34), (130, 65, 64)])
+def test_amx_gemm_matches_float64(weights, post, m, k, n, gen):
+    if post == "silu_glu" and n % 2:
+        n += 1
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    b = None if post == "silu_glu" else torch.randn(n, generator=gen)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    out = amx_gemm.AmxWeight(w, b, post, weights)(x)
+    ref = _reference(x, w, b, post, weights)
+    assert out.shape == ref.shape and out.dtype == torch.bfloat16
+    assert _rel(out, ref) <= BOUND[weights]
+
+
+@needs_amx
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_amx_gemm_reads_strided_rows_and_scaled_rows(weights, gen):
+    """A row-strided input (a slice of a wider tensor) and rows of very different magnitudes: int8 quantises
+    each row on its own scale, so a small row keeps its relative accuracy next to a large one."""
+    k, n = 96, 48
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    wide = torch.randn(20, k + 32, generator=gen)
+    wide[3] *= 1e-3
+    wide[5] *= 1e3
+    x = wide.bfloat16()[:, 16:16 + k]
+    out = amx_gemm.AmxWeight(w, None, "none", weights)(x)
+    ref = _reference(x, w, None, "none", weights)
+    for r in range(x.shape[0]):
+        assert _rel(out[r], ref[r]) <= BOUND[weights], r
+
+
+@needs_amx
+def test_int8_rows_holding_nan_or_inf_give_nan_rows_and_leave_the_others(gen):
+    w = torch.randn(32, 64, generator=gen)
+    x = torch.randn(5, 64, generator=gen).bfloat16()
+    x[1, 3], x[3, 0] = float("nan"), float("inf")
+    out = amx_gemm.AmxWeight(w, None, "none", "int8")(x)
+    assert torch.isnan(out[1]).all() and torch.isnan(out[3]).all()
+    good = [0, 2, 4]
+    assert torch.isfinite(out[good]).all()
+    assert _rel(out[good], _reference(x[good], w, None, "none", "int8")) <= BOUND["int8"]
+
+
+@needs_amx
+def test_zero_rows_and_zero_weight_channels_are_exact_zeros(gen):
+    w = torch.randn(32, 64, generator=gen)
+    w[7] = 0
+    x = torch.randn(4, 64, generator=gen).bfloat16()
+    x[2] = 0
+    for weights in ("bf16", "int8"):
+        out = amx_gemm.AmxWeight(w, None, "none", weights)(x)
+        assert (out[2] == 0).all() and (out[:, 7] == 0).all()
+    assert amx_gemm.AmxWeight(w, None, "none", "int8")(x[:0]).shape == (0, 32)
+
+
+@needs_amx
+def test_amx_gemm_refuses_bad_operands():
+    w = torch.randn(32, 64)
+    k = amx_gemm.AmxWeight(w, None)
+    with pytest.raises(ValueError, match="float32"):
+        k(torch.randn(4, 64))
+    with pytest.raises(ValueError, match=r"\[M, 64\]"):
+        k(torch.randn(4, 65).bfloat16())
+    with pytest.raises(ValueError, match="bias-free"):
+        amx_gemm.AmxWeight(w, torch.zeros(32), "silu_glu")
+    with pytest.raises(ValueError, match="'fp8'"):
+        amx_gemm.AmxWeight(w, None, "none", "fp8")
+    with pytest.raises(ValueError, match="odd|33 rows"):
+        amx_gemm.AmxWeight(torch.randn(33, 64), None, "silu_glu")
+
+
+@needs_amx
+@pytest.mark.parametrize("post", ["none", "silu_glu"])
+def test_registered_paths_match_the_library_gemm(post, gen):
+    """Gemm(backend='amx') and QGemm('int8_amx'), as the dispatch builds them, against oneDNN's bf16 GEMM
+    (+ our epilogue) on the expert's decode shape, [B, chunk, K] in."""
+    k, n = 720, 512
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    x = torch.randn(1, 50, k, generator=gen).bfloat16()
+    library = Gemm(lambda: (w.bfloat16(), None), "onednn", post, "avx512")(x)
+    amx = Gemm(lambda: (w.bfloat16(), None), "amx", post)(x)
+    int8 = QGemm(lambda: (w, None), post, "int8_amx")(x)
+    assert amx.shape == int8.shape == library.shape
+    assert _rel(amx, library.double()) <= BOUND["bf16"]
+    assert _rel(int8, library.double()) <= BOUND["int8"]
+
+
+def test_without_amx_int8_the_gemm_is_refused_before_any_build(monkeypatch, tmp_path):
+    """A CPU with AMX-BF16 but no AMX-INT8 (flags faked): refused with the flag named, nothing compiled, and
+    the impls that use it reject every op; the oneDNN paths stay."""
+    from edgefm_kernels.registry import OpSpec, get_impl
+
+    flags = native.cpu_flags() - {"amx_int8"} | {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
+    monkeypatch.setenv("EDGEFM_CACHE_DIR", str(tmp_path))
+    native._load.cache_clear()
+    amx_gemm.unavailable.cache_clear()
+    try:
+        why = amx_gemm.unavailable()
+        assert why is not None and "amx_int8" in why
+        assert not list(tmp_path.rglob("amx_gemm*")), "built although the CPU cannot run it"
+        spec = OpSpec("mlp", "expert.layers.0.mlp", "expert_mlp", "decode", "silu_gated:720x2048",
+                      "cpu_x86_avx512_bf16", dims={"hidden": 720, "inner": 2048})
+        assert "amx_int8" in get_impl("mlp", "int8_amx").rejects(spec, {})
+        assert "amx_int8" in get_impl("mlp", "bf16").rejects(spec, {"backend": "amx"})
+        assert get_impl("mlp", "bf16").rejects(spec, {"backend": "onednn"}) is None
+        with pytest.raises(RuntimeError, match="amx_int8"):
+            amx_gemm.AmxWeight(torch.randn(32, 64), None)
+    finally:
+        native._load.cache_clear()
+        amx_gemm.unavailable.cache_clear()
