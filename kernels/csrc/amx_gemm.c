@@ -45,11 +45,6 @@ typedef struct {
 } tile_config;
 
 
-static inline __m512 rcp_ps(__m512 x) {
-  const __m512 r = _mm512_rcp14_ps(x);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(x, r, _mm512_set1_ps(2.0f)));
-}
-
 static inline void store_bf16(uint16_t *p, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
@@ -75,7 +70,7 @@ static void epilogue(const float *acc, int64_t rows, int64_t r0, int64_t nb, int
       const __mmask16 m = tail_mask(n_out - c);
       const __m512 g = acc_ps(a0, sw0, rs), u = acc_ps(a1, sw1, rs);
       const __m512 e = exp2_fast_ps(_mm512_mul_ps(_mm512_set1_ps(-1.4426950408889634f), g));
-      store_bf16(yr + c, m, _mm512_mul_ps(_mm512_mul_ps(g, rcp_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e))), u));
+      store_bf16(yr + c, m, _mm512_mul_ps(_mm512_mul_ps(g, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e))), u));
       continue;
     }
     for (int t = 0; t < 2; ++t) {
@@ -84,12 +79,11 @@ static void epilogue(const float *acc, int64_t rows, int64_t r0, int64_t nb, int
       const __mmask16 m = tail_mask(n_out - c);
       __m512 v = acc_ps(t ? a1 : a0, t ? sw1 : sw0, rs);
       if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + c));
-      if (post == 2) {
-        const __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
-        const __m512 uu = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
-                                        _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(0.044715f), v3)));
-        const __m512 e = exp2_fast_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f * 1.4426950408889634f), uu));
-        v = _mm512_mul_ps(v, rcp_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+      if (post == 2) { /* x / (1 + 2^(-k x (1 + 0.044715 x^2))), k = 2 sqrt(2/pi) log2(e); 1/y to 2^-14 (bf16 out) */
+        const __m512 t = _mm512_fmadd_ps(_mm512_mul_ps(v, v), _mm512_set1_ps(-2.302208198144325f * 0.044715f),
+                                         _mm512_set1_ps(-2.302208198144325f));
+        const __m512 e = exp2_fast_ps(_mm512_mul_ps(t, v));
+        v = _mm512_mul_ps(v, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
       }
       store_bf16(yr + c, m, v);
     }
