@@ -104,9 +104,17 @@ static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp,
     for (int64_t j = 0; j < lk; ++j)
       if (!mask[j]) s[j] = lowest;
   }
-  __m512 mx = _mm512_set1_ps(-FLT_MAX);
-  for (int64_t j = 0; j < lk; j += 16) mx = _mm512_mask_max_ps(mx, tail_mask(lk - j), mx, _mm512_loadu_ps(s + j));
-  const float m = _mm512_reduce_max_ps(mx);
+  /* four running maxima and two sums: one chain would wait on the previous vector's max/add latency */
+  __m512 mx0 = _mm512_set1_ps(-FLT_MAX), mx1 = mx0, mx2 = mx0, mx3 = mx0;
+  int64_t j = 0;
+  for (; j + 64 <= lk; j += 64) {
+    mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(s + j));
+    mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(s + j + 16));
+    mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(s + j + 32));
+    mx3 = _mm512_max_ps(mx3, _mm512_loadu_ps(s + j + 48));
+  }
+  for (; j < lk; j += 16) mx0 = _mm512_mask_max_ps(mx0, tail_mask(lk - j), mx0, _mm512_loadu_ps(s + j));
+  const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)));
   if (m == -FLT_MAX) {  /* no visible key: uniform weights, as the reference's finfo.min fill gives */
     for (int64_t j = 0; j < lkp; j += 16)
       _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(
@@ -116,14 +124,16 @@ static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp,
   /* exp((s - max) * scale) = 2^(s c - max c), c = scale * log2(e), one FMA a vector */
   const __m512 c = _mm512_set1_ps(scale * 1.4426950408889634f);
   const __m512 mc = _mm512_set1_ps(m * (scale * 1.4426950408889634f));
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < lkp; j += 16) {
-    const __mmask16 t = j < lk ? tail_mask(lk - j) : 0;
-    const __m512 e = _mm512_maskz_mov_ps(t, exp2_softmax_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(t, s + j), c, mc)));
-    acc = _mm512_add_ps(acc, e);
-    _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  for (j = 0; j < lkp; j += 32) { /* lkp is a multiple of 32 */
+    const __mmask16 t0 = j < lk ? tail_mask(lk - j) : 0, t1 = j + 16 < lk ? tail_mask(lk - j - 16) : 0;
+    const __m512 e0 = _mm512_maskz_mov_ps(t0, exp2_softmax_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(t0, s + j), c, mc)));
+    const __m512 e1 = _mm512_maskz_mov_ps(t1, exp2_softmax_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(t1, s + j + 16), c, mc)));
+    acc0 = _mm512_add_ps(acc0, e0);
+    acc1 = _mm512_add_ps(acc1, e1);
+    _mm512_storeu_si512(p + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
   }
-  return _mm512_reduce_add_ps(acc);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
 /* q [B, Hq, Lq, 64] (element strides qs[3], unit in D), k/v [B, Hkv, Lk, 64] (ks[3], vs[3]),
