@@ -57,9 +57,11 @@ static inline __m512 acc_ps(const float *a, const float *sw, float sx) {
 }
 
 /* One block's accumulators acc[t][row][16] (t: the block's two 16-column tiles) -> y rows r0 .. r0 + rows.
- * sw: the packed weight scales [nblocks][2][16] (int8) or NULL (bf16); sx: the rows' scales (int8). */
+ * sw: the packed weight scales [nblocks][2][16] (int8) or NULL (bf16); sx: the rows' scales (int8).
+ * stream: whole 64-byte lines go past the caches (the prefill's outputs, 5-19 MB: without a read for
+ * ownership first, fc1's output costs half the time to write). */
 static void epilogue(const float *acc, int64_t rows, int64_t r0, int64_t nb, int post, const float *bias,
-                     const float *sw, const float *sx, int64_t n_out, uint16_t *y) {
+                     const float *sw, const float *sx, int64_t n_out, uint16_t *y, int stream) {
   const float *sw0 = sw ? sw + nb * 32 : NULL, *sw1 = sw ? sw + nb * 32 + 16 : NULL;
   for (int64_t r = 0; r < rows; ++r) {
     const float *a0 = acc + r * 16, *a1 = acc + 64 * 16 + r * 16;
@@ -73,20 +75,28 @@ static void epilogue(const float *acc, int64_t rows, int64_t r0, int64_t nb, int
       store_bf16(yr + c, m, _mm512_mul_ps(_mm512_mul_ps(g, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e))), u));
       continue;
     }
+    __m512 v[2];
+    int valid = 0;
     for (int t = 0; t < 2; ++t) {
       const int64_t c = nb * 32 + t * 16;
       if (c >= n_out) break;
       const __mmask16 m = tail_mask(n_out - c);
-      __m512 v = acc_ps(t ? a1 : a0, t ? sw1 : sw0, rs);
-      if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + c));
+      v[t] = acc_ps(t ? a1 : a0, t ? sw1 : sw0, rs);
+      if (bias) v[t] = _mm512_add_ps(v[t], _mm512_maskz_loadu_ps(m, bias + c));
       if (post == 2) { /* x / (1 + 2^(-k x (1 + 0.044715 x^2))), k = 2 sqrt(2/pi) log2(e); 1/y to 2^-14 (bf16 out) */
-        const __m512 t = _mm512_fmadd_ps(_mm512_mul_ps(v, v), _mm512_set1_ps(-2.302208198144325f * 0.044715f),
+        const __m512 q = _mm512_fmadd_ps(_mm512_mul_ps(v[t], v[t]), _mm512_set1_ps(-2.302208198144325f * 0.044715f),
                                          _mm512_set1_ps(-2.302208198144325f));
-        const __m512 e = exp2_fast_ps(_mm512_mul_ps(t, v));
-        v = _mm512_mul_ps(v, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        const __m512 e = exp2_fast_ps(_mm512_mul_ps(q, v[t]));
+        v[t] = _mm512_mul_ps(v[t], _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
       }
-      store_bf16(yr + c, m, v);
+      valid = t + 1;
     }
+    uint16_t *o = yr + nb * 32;
+    if (stream && valid == 2 && nb * 32 + 32 <= n_out && ((uintptr_t)o & 63) == 0) {
+      _mm512_stream_si512((void *)o, (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0])); /* a whole line, no read for ownership */
+      continue;
+    }
+    for (int t = 0; t < valid; ++t) store_bf16(o + t * 16, tail_mask(n_out - nb * 32 - t * 16), v[t]);
   }
 }
 
@@ -215,9 +225,10 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
           if (blocks > 2) _tile_stored(6, a + 32 * 16, 64);
           if (blocks > 3) _tile_stored(7, a + 48 * 16, 64);
         }
-        epilogue(acc, rows, r0, nb, post, bias, sw, scales, n_out, y);
+        epilogue(acc, rows, r0, nb, post, bias, sw, scales, n_out, y, m > 64);
       }
     }
+    _mm_sfence(); /* the streamed lines visible before the caller reads y */
     _tile_release();
   }
   free(xa);
