@@ -101,8 +101,9 @@ static void epilogue(const float *acc, int64_t rows, int64_t r0, int64_t nb, int
 }
 
 /* Tiles for one group of up to four 16-row blocks of x: A operands in tiles 0, 1 and 3 (3: a short last
- * block), the B operand in tile 2, accumulators in 4 + j for row block j, each as tall as its rows. */
-static void configure_group(int64_t rows) {
+ * block), the B operand in tile 2, accumulators in 4 + j for row block j, each as tall as its rows; groups of
+ * three blocks (48 rows) get tile 7 as a second B operand instead. */
+static void configure_group(int64_t rows, int64_t group) {
   tile_config c;
   memset(&c, 0, sizeof c);
   c.palette_id = 1;
@@ -118,63 +119,80 @@ static void configure_group(int64_t rows) {
     c.colsb[4 + j] = 64;
     c.rows[4 + j] = (uint8_t)(r >= 16 ? 16 : r);
   }
+  if (group == 48) {
+    c.colsb[7] = 64;
+    c.rows[7] = 16;
+  }
   _tile_loadconfig(&c);
 }
 
-/* The A tile of row block j in a group of `rows` rows: 3 for a short last block, else 0 and 1 in turn. */
-#define A_TILE(j, rows) ((16 * ((j) + 1) > (rows)) ? 3 : ((j) & 1))
+/* The A tile of row block j in a group of `rows` rows: 3 for a short last block, else 0 and 1 in turn; in
+ * groups of three blocks (GROUP 48) the third is 3 as well, so no tile is loaded again within a K step (a
+ * load into a tile waits until the product before it has read the tile). */
+#define A_TILE(j, rows) ((16 * ((j) + 1) > (rows) || (group == 48 && (j) == 2)) ? 3 : ((j) & 1))
 
-/* One K step of row block J into accumulator C (= 4 + J; the intrinsics take literal tile numbers). */
-#define TILE_RUN(J, C)                                                                       \
+/* One K step of row block J into accumulator C (= 4 + J) with the B operand in tile BT (the intrinsics take
+ * literal tile numbers). */
+#define TILE_RUN_B(J, C, BT)                                                                 \
   if (blocks > J) {                                                                          \
-    const char *arow = xa + (r0 + 16 * J) * row_bytes + s * 64;                              \
-    if (A_TILE(J, rows) == 3) _tile_loadd(3, arow, row_bytes);                                \
-    else if (A_TILE(J, rows) == 1) _tile_loadd(1, arow, row_bytes);                           \
-    else _tile_loadd(0, arow, row_bytes);                                                     \
-    if (A_TILE(J, rows) == 3) { if (s8) _tile_dpbssd(C, 3, 2); else _tile_dpbf16ps(C, 3, 2); }          \
-    else if (A_TILE(J, rows) == 1) { if (s8) _tile_dpbssd(C, 1, 2); else _tile_dpbf16ps(C, 1, 2); }     \
-    else { if (s8) _tile_dpbssd(C, 0, 2); else _tile_dpbf16ps(C, 0, 2); }                                \
+    const char *arow = xa + ((r0 / 16 + J) * ksteps + s) * TILE_BYTES;                       \
+    if (A_TILE(J, rows) == 3) _tile_loadd(3, arow, 64);                                       \
+    else if (A_TILE(J, rows) == 1) _tile_loadd(1, arow, 64);                                  \
+    else _tile_loadd(0, arow, 64);                                                            \
+    if (A_TILE(J, rows) == 3) { if (s8) _tile_dpbssd(C, 3, BT); else _tile_dpbf16ps(C, 3, BT); }        \
+    else if (A_TILE(J, rows) == 1) { if (s8) _tile_dpbssd(C, 1, BT); else _tile_dpbf16ps(C, 1, BT); }   \
+    else { if (s8) _tile_dpbssd(C, 0, BT); else _tile_dpbf16ps(C, 0, BT); }                              \
   }
+#define TILE_RUN(J, C) TILE_RUN_B(J, C, 2)
 
-/* x rows -> the zero-padded A buffer [ceil16(m), kp]: bf16 copied, or (s8) int8 with one symmetric scale per
- * row, q = round_half_even(x / scale), scale = max |x| / 127 (1 for a zero row, NaN for a row holding a NaN or
- * an infinity, so that its outputs are NaN). Returns the buffer (64-byte aligned, free() it) or NULL. */
+/* x rows -> the A buffer in tiles: [ceil16(m) / 16 row blocks][kp / step K steps][16 rows][64 bytes], zero past m
+ * and k, so that each A tile is one contiguous kilobyte (rows of x a power-of-two-ish stride apart share L1
+ * sets). bf16 copied, or (s8) int8 with one symmetric scale per row, q = round_half_even(x / scale),
+ * scale = max |x| / 127 (1 for a zero row, NaN for a row holding a NaN or an infinity, so that its outputs are
+ * NaN). Returns the buffer (64-byte aligned, free() it) or NULL. */
 static char *pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t sx, int64_t kp, int s8, float *scales,
                        int threads) {
-  const int64_t mp = (m + 15) / 16 * 16, eb = s8 ? 1 : 2;
-  char *xa = aligned_alloc(64, (size_t)(mp * kp * eb + 63) / 64 * 64);
+  const int64_t mp = (m + 15) / 16 * 16, step = s8 ? 64 : 32, ksteps = kp / step;
+  char *xa = aligned_alloc(64, (size_t)(mp / 16 * ksteps * TILE_BYTES));
   if (!xa) return NULL;
-  memset(xa + m * kp * eb, 0, (size_t)((mp - m) * kp * eb));
   #pragma omp parallel for schedule(static) num_threads(threads) if (m * k >= (1 << 16))
-  for (int64_t r = 0; r < m; ++r) {
+  for (int64_t r = 0; r < mp; ++r) {
+    char *row = xa + (r / 16) * ksteps * TILE_BYTES + (r % 16) * 64; /* its 64 bytes of K step s: + s KB */
     const uint16_t *xr = x + r * sx;
-    memset(xa + (r * kp + k) * eb, 0, (size_t)((kp - k) * eb));
-    if (!s8) {
-      memcpy(xa + r * kp * 2, xr, (size_t)k * 2);
+    int bad = 0;
+    float scale = 1.0f;
+    if (r < m && s8) {
+      __m512 amax = _mm512_setzero_ps();
+      for (int64_t j = 0; j < k; j += 16) {
+        const __mmask16 mk = tail_mask(k - j);
+        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xr + j)), 16));
+        bad |= _mm512_mask_fpclass_ps_mask(mk, v, 0x01 | 0x08 | 0x10 | 0x80) != 0;
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+      }
+      const float mx = _mm512_reduce_max_ps(amax);
+      scale = bad ? NAN : mx > 0.0f ? mx / 127.0f : 1.0f;
+      scales[r] = scale;
+    }
+    if (r >= m || bad) {
+      for (int64_t st = 0; st < ksteps; ++st) memset(row + st * TILE_BYTES, 0, 64);
       continue;
     }
-    __m512 amax = _mm512_setzero_ps();
-    int bad = 0;
-    for (int64_t j = 0; j < k; j += 16) {
-      const __mmask16 mk = tail_mask(k - j);
-      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xr + j)), 16));
-      bad |= _mm512_mask_fpclass_ps_mask(mk, v, 0x01 | 0x08 | 0x10 | 0x80) != 0;
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-    }
-    const float mx = _mm512_reduce_max_ps(amax);
-    const float scale = bad ? NAN : mx > 0.0f ? mx / 127.0f : 1.0f;
-    scales[r] = scale;
-    if (bad) {
-      memset(xa + r * kp, 0, (size_t)k);
+    if (!s8) {
+      for (int64_t st = 0; st < ksteps; ++st) {
+        const int64_t j = st * 32, left = k - j;
+        const __mmask32 mk = left >= 32 ? 0xFFFFFFFFu : left <= 0 ? 0u : (__mmask32)((1u << left) - 1);
+        _mm512_store_si512(row + st * TILE_BYTES, _mm512_maskz_loadu_epi16(mk, xr + j));
+      }
       continue;
     }
     const __m512 inv = _mm512_set1_ps(1.0f / scale);
-    int8_t *q = (int8_t *)xa + r * kp;
-    for (int64_t j = 0; j < k; j += 16) {
-      const __mmask16 mk = tail_mask(k - j);
-      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xr + j)), 16));
-      _mm512_mask_cvtsepi32_storeu_epi8(q + j, mk, _mm512_cvtps_epi32(_mm512_mul_ps(v, inv)));
-    }
+    for (int64_t st = 0; st < ksteps; ++st)
+      for (int c = 0; c < 4; ++c) {
+        const int64_t j = st * 64 + c * 16;
+        const __mmask16 mk = j < k ? tail_mask(k - j) : 0;
+        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xr + j)), 16));
+        _mm_store_si128((__m128i *)(row + st * TILE_BYTES + c * 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv))));
+      }
   }
   return xa;
 }
@@ -185,7 +203,8 @@ static char *pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t sx, int6
 int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const void *wp, const float *sw,
                     int64_t nblocks, int64_t kp, const float *bias, int post, int64_t n_out, uint16_t *y, int threads) {
   const int s8 = sw != NULL;
-  const int64_t ksteps = kp / (s8 ? 64 : 32), row_bytes = s8 ? kp : kp * 2;
+  const int64_t ksteps = kp / (s8 ? 64 : 32);
+  const int stream_w = m <= 64;
   float *scales = s8 ? malloc((size_t)(m > 0 ? m : 1) * sizeof(float)) : NULL;
   char *xa = (s8 && !scales) ? NULL : pack_rows(x, m, k, sx, kp, s8, scales, threads);
   if (!xa) {
@@ -195,9 +214,11 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
   #pragma omp parallel num_threads(threads)
   {
     float acc[2 * 64 * 16] __attribute__((aligned(64))); /* [tile][row of the group][16], fp32 or int32 sums */
-    for (int64_t r0 = 0; r0 < m; r0 += 64) { /* one pass over the weight per 64 rows: decode has one */
-      const int64_t rows = (m - r0) < 64 ? (m - r0) : 64, blocks = (rows + 15) / 16;
-      configure_group(rows);
+    /* decode (m <= 64): one pass over the weight; the prefill: 48 rows a pass, each A tile in its own register */
+    const int64_t group = m <= 64 ? 64 : 48;
+    for (int64_t r0 = 0; r0 < m; r0 += group) {
+      const int64_t rows = (m - r0) < group ? (m - r0) : group, blocks = (rows + 15) / 16;
+      configure_group(rows, group);
       #pragma omp for schedule(static)
       for (int64_t nb = 0; nb < nblocks; ++nb) {
         for (int t = 0; t < 2; ++t) {
@@ -206,13 +227,28 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
           _tile_zero(4);
           if (blocks > 1) _tile_zero(5);
           if (blocks > 2) _tile_zero(6);
-          if (blocks > 3) _tile_zero(7);
-          for (int64_t s = 0; s < ksteps; ++s) {
-            const char *b = wt + s * TILE_BYTES;
-            for (int l = 0; l < TILE_BYTES; l += 64) {
-              _mm_prefetch(b + PREFETCH_L2 * TILE_BYTES + l, _MM_HINT_T1);
-              _mm_prefetch(b + PREFETCH_L1 * TILE_BYTES + l, _MM_HINT_T0);
+          if (blocks > 3 && group == 64) _tile_zero(7);
+          int64_t s = 0;
+          if (group == 48) /* two B tiles in turn: the next step's load need not wait for this step's products */
+            for (; s + 1 < ksteps; s += 2) {
+              _tile_loadd(2, wt + s * TILE_BYTES, 64);
+              TILE_RUN_B(0, 4, 2)
+              TILE_RUN_B(1, 5, 2)
+              TILE_RUN_B(2, 6, 2)
+              ++s;
+              _tile_loadd(7, wt + s * TILE_BYTES, 64);
+              TILE_RUN_B(0, 4, 7)
+              TILE_RUN_B(1, 5, 7)
+              TILE_RUN_B(2, 6, 7)
+              --s;
             }
+          for (; s < ksteps; ++s) {
+            const char *b = wt + s * TILE_BYTES;
+            if (stream_w) /* decode: the weight comes from memory once; the prefill's stays in L2 */
+              for (int l = 0; l < TILE_BYTES; l += 64) {
+                _mm_prefetch(b + PREFETCH_L2 * TILE_BYTES + l, _MM_HINT_T1);
+                _mm_prefetch(b + PREFETCH_L1 * TILE_BYTES + l, _MM_HINT_T0);
+              }
             _tile_loadd(2, b, 64);
             TILE_RUN(0, 4)
             TILE_RUN(1, 5)
