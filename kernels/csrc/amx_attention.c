@@ -12,6 +12,7 @@
  */
 #include <float.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,56 @@ static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp,
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* One block of 16 query rows: where it is and its buffers (S fp32, P bf16, the softmax sums). */
+typedef struct {
+  int64_t bi, h, q0, rows, kvh;
+  float *s, sums[16];
+  uint16_t *p;
+} qblock;
+
+/* The softmax of rows [r0, r1) of block `blk` (rows past its end: zero probabilities). */
+static void softmax_rows(qblock *blk, int64_t r0, int64_t r1, const uint8_t *mask, int64_t lq, int64_t lk,
+                         int64_t lkp, float scale) {
+  for (int64_t r = r0; r < r1; ++r) {
+    if (r < blk->rows)
+      blk->sums[r] = softmax_row(blk->s + r * lkp, mask ? mask + (blk->bi * lq + blk->q0 + r) * lk : NULL, lk, lkp,
+                                 scale, blk->p + r * lkp);
+    else
+      memset(blk->p + r * lkp, 0, lkp * sizeof(uint16_t));
+  }
+}
+
+/* O = P V / sums for block `blk` (its softmax done), rounded to bf16 into out. */
+static void pv_block(const qblock *blk, const uint16_t *vt, int64_t lkp, float *ob, uint16_t *out, const int64_t *os) {
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  for (int64_t kc = 0; kc < lkp / 32; ++kc) {
+    _tile_loadd(0, blk->p + kc * 32, lkp * sizeof(uint16_t));
+    _tile_loadd(2, vt + (kc * 4 + 0) * 512, 64);
+    _tile_loadd(3, vt + (kc * 4 + 1) * 512, 64);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 3);
+    _tile_loadd(2, vt + (kc * 4 + 2) * 512, 64);
+    _tile_loadd(3, vt + (kc * 4 + 3) * 512, 64);
+    _tile_dpbf16ps(6, 0, 2);
+    _tile_dpbf16ps(7, 0, 3);
+  }
+  _tile_stored(4, ob, D * sizeof(float));
+  _tile_stored(5, ob + 16, D * sizeof(float));
+  _tile_stored(6, ob + 32, D * sizeof(float));
+  _tile_stored(7, ob + 48, D * sizeof(float));
+  uint16_t *o = out + blk->bi * os[0] + blk->h * os[1] + blk->q0 * os[2];
+  for (int64_t r = 0; r < blk->rows; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.0f / blk->sums[r]);
+    for (int j = 0; j < D; j += 32)
+      _mm512_storeu_si512(o + r * os[2] + j,
+                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_load_ps(ob + r * D + j + 16), inv),
+                                                       _mm512_mul_ps(_mm512_load_ps(ob + r * D + j), inv)));
+  }
+}
+
 /* q [B, Hq, Lq, 64] (element strides qs[3], unit in D), k/v [B, Hkv, Lk, 64] (ks[3], vs[3]),
  * mask uint8 [B, Lq, Lk] contiguous or NULL, out [B, Hq, Lq, 64] (element strides os[3], unit in D); all bf16
  * as uint16.
@@ -156,22 +207,36 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
   #pragma omp parallel num_threads(threads)
   {
     configure_tiles();
-    float *s = aligned_alloc(64, 16 * lkp * sizeof(float));
-    uint16_t *p = aligned_alloc(64, 16 * lkp * sizeof(uint16_t));
+    /* Software pipeline over this thread's blocks: while the tiles compute block i's scores, the vector units
+     * run block i-1's softmax, a few rows between each pair of key blocks (the tile products are long-latency
+     * instructions that the vector work after them overlaps); then block i-1's P V. Two S and P buffers. */
+    qblock blk[2];
+    for (int i = 0; i < 2; ++i) {
+      blk[i].s = aligned_alloc(64, 16 * lkp * sizeof(float));
+      blk[i].p = aligned_alloc(64, 16 * lkp * sizeof(uint16_t));
+    }
     uint16_t qb[16 * D] __attribute__((aligned(64)));
     float ob[16 * D] __attribute__((aligned(64)));
-    #pragma omp for schedule(static)
-    for (int64_t item = 0; item < b * hq * qblocks; ++item) {
-      const int64_t bi = item / (hq * qblocks), h = item / qblocks % hq, q0 = item % qblocks * 16;
-      const int64_t rows = lq - q0 < 16 ? lq - q0 : 16, kvh = bi * hkv + h / groups;
+    const int64_t total = b * hq * qblocks, nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t lo = total * tid / nth, hi = total * (tid + 1) / nth, steps = lkp / 32;
+    qblock *prev = NULL;
+    for (int64_t item = lo; item < hi; ++item) {
+      qblock *cur = &blk[item & 1];
+      cur->bi = item / (hq * qblocks);
+      cur->h = item / qblocks % hq;
+      cur->q0 = item % qblocks * 16;
+      cur->rows = lq - cur->q0 < 16 ? lq - cur->q0 : 16;
+      cur->kvh = cur->bi * hkv + cur->h / groups;
       for (int64_t r = 0; r < 16; ++r) {  /* the block's queries, zero rows past lq */
-        if (r < rows) memcpy(qb + r * D, q + bi * qs[0] + h * qs[1] + (q0 + r) * qs[2], D * sizeof(uint16_t));
+        if (r < cur->rows) memcpy(qb + r * D, q + cur->bi * qs[0] + cur->h * qs[1] + (cur->q0 + r) * qs[2], D * sizeof(uint16_t));
         else memset(qb + r * D, 0, D * sizeof(uint16_t));
       }
-      const uint16_t *kt = kp + kvh * per, *vt = vp + kvh * per;
+      const uint16_t *kt = kp + cur->kvh * per;
+      float *sc = cur->s;
       _tile_loadd(0, qb, 128);
       _tile_loadd(1, qb + 32, 128);
-      for (int64_t kb = 0; kb < lkp / 16; kb += 2) {  /* lkp is a multiple of 32: two key blocks a step */
+      for (int64_t j = 0; j < steps; ++j) {  /* two key blocks a step (lkp is a multiple of 32) */
+        const int64_t kb = 2 * j;
         _tile_zero(4);
         _tile_zero(5);
         _tile_loadd(2, kt + (kb * 2 + 0) * 512, 64);
@@ -182,44 +247,21 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
         _tile_loadd(3, kt + (kb * 2 + 3) * 512, 64);
         _tile_dpbf16ps(4, 1, 2);
         _tile_dpbf16ps(5, 1, 3);
-        _tile_stored(4, s + kb * 16, lkp * sizeof(float));
-        _tile_stored(5, s + kb * 16 + 16, lkp * sizeof(float));
+        _tile_stored(4, sc + kb * 16, lkp * sizeof(float));
+        _tile_stored(5, sc + kb * 16 + 16, lkp * sizeof(float));
+        if (prev) softmax_rows(prev, j * 16 / steps, (j + 1) * 16 / steps, mask, lq, lk, lkp, scale);
       }
-      float sums[16];
-      for (int64_t r = 0; r < 16; ++r) {
-        if (r < rows) sums[r] = softmax_row(s + r * lkp, mask ? mask + (bi * lq + q0 + r) * lk : NULL, lk, lkp, scale, p + r * lkp);
-        else memset(p + r * lkp, 0, lkp * sizeof(uint16_t));
-      }
-      _tile_zero(4);
-      _tile_zero(5);
-      _tile_zero(6);
-      _tile_zero(7);
-      for (int64_t kc = 0; kc < lkp / 32; ++kc) {
-        _tile_loadd(0, p + kc * 32, lkp * sizeof(uint16_t));
-        _tile_loadd(2, vt + (kc * 4 + 0) * 512, 64);
-        _tile_loadd(3, vt + (kc * 4 + 1) * 512, 64);
-        _tile_dpbf16ps(4, 0, 2);
-        _tile_dpbf16ps(5, 0, 3);
-        _tile_loadd(2, vt + (kc * 4 + 2) * 512, 64);
-        _tile_loadd(3, vt + (kc * 4 + 3) * 512, 64);
-        _tile_dpbf16ps(6, 0, 2);
-        _tile_dpbf16ps(7, 0, 3);
-      }
-      _tile_stored(4, ob, D * sizeof(float));
-      _tile_stored(5, ob + 16, D * sizeof(float));
-      _tile_stored(6, ob + 32, D * sizeof(float));
-      _tile_stored(7, ob + 48, D * sizeof(float));
-      uint16_t *o = out + bi * os[0] + h * os[1] + q0 * os[2];
-      for (int64_t r = 0; r < rows; ++r) {
-        const __m512 inv = _mm512_set1_ps(1.0f / sums[r]);
-        for (int j = 0; j < D; j += 32)
-          _mm512_storeu_si512(o + r * os[2] + j,
-                              (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_load_ps(ob + r * D + j + 16), inv),
-                                                           _mm512_mul_ps(_mm512_load_ps(ob + r * D + j), inv)));
-      }
+      if (prev) pv_block(prev, vp + prev->kvh * per, lkp, ob, out, os);
+      prev = cur;
+    }
+    if (prev) {
+      softmax_rows(prev, 0, 16, mask, lq, lk, lkp, scale);
+      pv_block(prev, vp + prev->kvh * per, lkp, ob, out, os);
     }
     _tile_release();
-    free(s);
-    free(p);
+    for (int i = 0; i < 2; ++i) {
+      free(blk[i].s);
+      free(blk[i].p);
+    }
   }
 }
