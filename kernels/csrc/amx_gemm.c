@@ -16,6 +16,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,14 +57,15 @@ static inline __m512 acc_ps(const float *a, const float *sw, float sx) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(a)), _mm512_mul_ps(_mm512_loadu_ps(sw), _mm512_set1_ps(sx)));
 }
 
-/* One block's accumulators acc[t][row][16] (t: the block's two 16-column tiles) -> y rows r0 .. r0 + rows.
+/* One block's accumulators acc[t][row][16] (t: the block's two 16-column tiles), rows [ra, rb) of the group
+ * starting at r0 -> y.
  * sw: the packed weight scales [nblocks][2][16] (int8) or NULL (bf16); sx: the rows' scales (int8).
  * stream: whole 64-byte lines go past the caches (the prefill's outputs, 5-19 MB: without a read for
  * ownership first, fc1's output costs half the time to write). */
-static void epilogue(const float *acc, int64_t rows, int64_t r0, int64_t nb, int post, const float *bias,
+static void epilogue(const float *acc, int64_t ra, int64_t rb, int64_t r0, int64_t nb, int post, const float *bias,
                      const float *sw, const float *sx, int64_t n_out, uint16_t *y, int stream) {
   const float *sw0 = sw ? sw + nb * 32 : NULL, *sw1 = sw ? sw + nb * 32 + 16 : NULL;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = ra; r < rb; ++r) {
     const float *a0 = acc + r * 16, *a1 = acc + 64 * 16 + r * 16;
     const float rs = sx ? sx[r0 + r] : 1.0f;
     uint16_t *yr = y + (r0 + r) * n_out;
@@ -213,14 +215,28 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
   }
   #pragma omp parallel num_threads(threads)
   {
-    float acc[2 * 64 * 16] __attribute__((aligned(64))); /* [tile][row of the group][16], fp32 or int32 sums */
+    /* [block parity][tile][row of the group][16], fp32 or int32 sums: a block's epilogue (vector work) runs
+     * a few rows at a time between the next block's K steps (tile work), so the two units overlap */
+    float acc[2][2 * 64 * 16] __attribute__((aligned(64)));
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t lo = nblocks * tid / nth, hi = nblocks * (tid + 1) / nth;
     /* decode (m <= 64): one pass over the weight; the prefill: 48 rows a pass, each A tile in its own register */
     const int64_t group = m <= 64 ? 64 : 48;
     for (int64_t r0 = 0; r0 < m; r0 += group) {
       const int64_t rows = (m - r0) < group ? (m - r0) : group, blocks = (rows + 15) / 16;
       configure_group(rows, group);
-      #pragma omp for schedule(static)
-      for (int64_t nb = 0; nb < nblocks; ++nb) {
+      int64_t pend = -1, done = 0, step = 0; /* the block whose epilogue is under way, its rows done */
+      const int64_t total = 2 * ksteps;
+#define EPILOGUE_SLICE()                                                                                   \
+      if (pend >= 0) {                                                                                     \
+        const int64_t to = ++step * rows / total;                                                          \
+        if (to > done) {                                                                                   \
+          epilogue(acc[pend & 1], done, to, r0, pend, post, bias, sw, scales, n_out, y, m > 64);           \
+          done = to;                                                                                       \
+        }                                                                                                  \
+      }
+      for (int64_t nb = lo; nb < hi; ++nb) {
+        step = 0;
         for (int t = 0; t < 2; ++t) {
           if (post != 1 && nb * 32 + t * 16 >= n_out) break;
           const char *wt = (const char *)wp + (nb * 2 + t) * ksteps * TILE_BYTES;
@@ -235,11 +251,13 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
               TILE_RUN_B(0, 4, 2)
               TILE_RUN_B(1, 5, 2)
               TILE_RUN_B(2, 6, 2)
+              EPILOGUE_SLICE()
               ++s;
               _tile_loadd(7, wt + s * TILE_BYTES, 64);
               TILE_RUN_B(0, 4, 7)
               TILE_RUN_B(1, 5, 7)
               TILE_RUN_B(2, 6, 7)
+              EPILOGUE_SLICE()
               --s;
             }
           for (; s < ksteps; ++s) {
@@ -254,15 +272,20 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
             TILE_RUN(1, 5)
             TILE_RUN(2, 6)
             TILE_RUN(3, 7)
+            EPILOGUE_SLICE()
           }
-          float *a = acc + t * 64 * 16;
+          float *a = acc[nb & 1] + t * 64 * 16;
           _tile_stored(4, a, 64);
           if (blocks > 1) _tile_stored(5, a + 16 * 16, 64);
           if (blocks > 2) _tile_stored(6, a + 32 * 16, 64);
           if (blocks > 3) _tile_stored(7, a + 48 * 16, 64);
         }
-        epilogue(acc, rows, r0, nb, post, bias, sw, scales, n_out, y, m > 64);
+        if (pend >= 0 && done < rows) epilogue(acc[pend & 1], done, rows, r0, pend, post, bias, sw, scales, n_out, y, m > 64);
+        pend = nb;
+        done = 0;
       }
+#undef EPILOGUE_SLICE
+      if (pend >= 0) epilogue(acc[pend & 1], 0, rows, r0, pend, post, bias, sw, scales, n_out, y, m > 64);
     }
     _mm_sfence(); /* the streamed lines visible before the caller reads y */
     _tile_release();
