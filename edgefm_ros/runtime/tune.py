@@ -248,17 +248,25 @@ def dtype_mismatch(out, inputs: tuple) -> str | None:
 
 
 def pick_winner(ok: list[Result], calls_per_chunk: int = 1) -> Result:
-    """The fastest, unless a more precise survivor is within PREFER_PRECISE of it (noise is not a reason
-    to lose precision) or, where the fastest is quantised, costs less than MIN_SAVED_MS more per chunk
-    (``calls_per_chunk``: how often a chunk runs the site): quantisation goes only where it buys time."""
-    best = ok[0]
-    quantised = PRECISION_RANK.get(ok[0].precision, 0) < PRECISION_RANK["bf16"]
-    for r in ok[1:]:
-        close = (r.median_ms <= ok[0].median_ms * (1 + PREFER_PRECISE)
-                 or quantised and (r.median_ms - ok[0].median_ms) * calls_per_chunk < MIN_SAVED_MS)
-        if PRECISION_RANK.get(r.precision, 0) > PRECISION_RANK.get(best.precision, 0) and close:
-            best = r
-    return best
+    """The fastest (``ok`` sorted by time), unless a more precise survivor is within PREFER_PRECISE of it
+    (noise is not a reason to lose precision). A quantised fastest (below bf16) must also save MIN_SAVED_MS
+    per chunk over the fastest unquantised one (``calls_per_chunk``: how often a chunk runs the site), or the
+    choice is made among the unquantised: quantisation goes only where it buys time."""
+    def rank(r: Result) -> int:
+        return PRECISION_RANK.get(r.precision, 0)
+
+    def most_precise_within_noise(cands: list[Result]) -> Result:
+        best = cands[0]
+        for r in cands[1:]:
+            if rank(r) > rank(best) and r.median_ms <= cands[0].median_ms * (1 + PREFER_PRECISE):
+                best = r
+        return best
+
+    if rank(ok[0]) < PRECISION_RANK["bf16"]:
+        plain = [r for r in ok if rank(r) >= PRECISION_RANK["bf16"]]
+        if plain and (plain[0].median_ms - ok[0].median_ms) * calls_per_chunk < MIN_SAVED_MS:
+            return most_precise_within_noise(plain)
+    return most_precise_within_noise(ok)
 
 
 def bound_for(cand: Candidate, site: Site) -> float:

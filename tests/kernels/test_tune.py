@@ -76,6 +76,10 @@ def test_winner_gives_up_precision_only_for_time_that_matters():
     fp32 = T.Result("avx512", "avx512", {}, 0.0, 2e-5, "fp32", [2.0])
     bf16_fast = T.Result("bf16", "bf16", {}, 3e-3, 3e-2, "bf16", [1.0])
     assert T.pick_winner([bf16_fast, fp32], calls_per_chunk=1) is bf16_fast  # bf16 is not quantised
+    # a quantised fastest that saves too little hands the choice to the unquantised, by the usual rule
+    int8_fast = T.Result("int8_amx", "int8_amx", {}, 1e-2, 6e-2, "int8", [0.9])
+    assert T.pick_winner([int8_fast, bf16_fast, fp32], calls_per_chunk=1) is bf16_fast
+    assert T.pick_winner([int8_fast, bf16_fast, fp32], calls_per_chunk=100) is int8_fast
 
 
 def test_bounded_run_writes_a_table_the_engine_loads(tiny_paths, tmp_path, goldens_tiny):
