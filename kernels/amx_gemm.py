@@ -1,9 +1,10 @@
 """Python side of ``csrc/amx_gemm.c``: GEMM for a few rows on Intel AMX, its epilogue fused (fast mode).
 
     w = AmxWeight(W [N, K], b [N] | None, post, weights="bf16" | "int8")   # packs W once, in read order
-    y = w(x [M, K] bf16)                                                  # -> [M, N] bf16 ("silu_glu": [M, N/2])
+    y = w(x [M, K] bf16, residual=None)                                   # -> [M, N] bf16 ("silu_glu": [M, N/2])
 
-``post``: "none", "gelu_tanh" (on x W^T + b) or "silu_glu" (W stacks gate over up, [2I, K], bias-free).
+``post``: "none", "gelu_tanh" (on x W^T + b) or "silu_glu" (W stacks gate over up, [2I, K], bias-free);
+``residual`` (bf16, the output's shape) is added last, with one rounding for both.
 ``weights``: "bf16" (bf16 products, fp32 sums) or "int8" (W symmetric per output channel, x quantised per row
 and call, symmetric: int8 products, int32 sums, both scales applied in the epilogue). Made for the action
 expert's decode: M = 50 rows and a weight read from memory at every Euler step, so the int8 weight halves
@@ -27,7 +28,7 @@ WEIGHTS = {"bf16": (torch.bfloat16, 32, 2), "int8": (torch.int8, 64, 4)}  # dtyp
 _I64, _PTR, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {
     "edgefm_amx_gemm_init": ([], _I32),
-    "edgefm_amx_gemm": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _I32, _I64, _PTR, _I32], _I32),
+    "edgefm_amx_gemm": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _I32, _PTR, _I64, _PTR, _I32], _I32),
 }
 
 
@@ -102,11 +103,16 @@ class AmxWeight:
         self.packed, self.scales = pack(w, post, weights)
         self.bias = None if b is None else b.float().contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != self.k or x.stride(1) != 1:
             raise ValueError(f"AMX GEMM input must be bf16 [M, {self.k}] with unit column stride, got {x.dtype} "
                              f"{tuple(x.shape)} strides {x.stride()}")
         m = x.shape[0]
+        if residual is not None:
+            if residual.dtype != torch.bfloat16 or tuple(residual.shape) != (m, self.out_features):
+                raise ValueError(f"AMX GEMM residual must be bf16 [{m}, {self.out_features}], got {residual.dtype} "
+                                 f"{tuple(residual.shape)}")
+            residual = residual.contiguous()
         y = torch.empty((m, self.out_features), dtype=torch.bfloat16)
         if m == 0:
             return y
@@ -114,7 +120,8 @@ class AmxWeight:
         rc = native.bind(NAME, SIGNATURES).edgefm_amx_gemm(
             x.data_ptr(), m, self.k, x.stride(0), self.packed.data_ptr(),
             None if self.scales is None else self.scales.data_ptr(), nb, ksteps * WEIGHTS[self.weights][1],
-            None if self.bias is None else self.bias.data_ptr(), POSTS[self.post], self.out_features, y.data_ptr(),
+            None if self.bias is None else self.bias.data_ptr(), POSTS[self.post],
+            None if residual is None else residual.data_ptr(), self.out_features, y.data_ptr(),
             torch.get_num_threads())
         if rc:
             raise MemoryError(f"amx_gemm could not allocate its {m}-row input buffer")

@@ -135,8 +135,18 @@ class Gemm:
             self.w = None
         return p
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def takes_residual(self) -> bool:
+        """``__call__(x, residual)`` adds the residual inside the kernel (our AMX backend)."""
+        return self.backend == "amx"
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] -> [..., N] (+ residual [..., N], only where ``takes_residual``)."""
         x2 = x.reshape(-1, x.shape[-1])
+        if residual is not None:
+            if not self.takes_residual:
+                raise ValueError(f"backend {self.backend!r} does not add a residual; add it after the call")
+            return self._panel(x2, residual.reshape(-1, self.out_features)).view(*x.shape[:-1], self.out_features)
         if self.backend == "amx" or (self.backend == "panel" and self.post == "silu_glu"):
             y = self._panel(x2)  # the epilogue fused into our kernel
         elif self.backend == "onednn" and self.post == "gelu_tanh" and not self.own_post:

@@ -3,7 +3,8 @@
 ``impl.build(spec, params, weights={...}, act="silu_gated" | "gelu_tanh")``:
   silu_gated: weights {"gate": W [I, H], "up": W [I, H], "down": W [H, I]} (no biases, Llama style)
   gelu_tanh:  weights {"fc1": (W [I, H], b), "fc2": (W [H, I], b)} (SigLIP style)
--> module ``forward(x [..., H]) -> [..., H]``.
+-> module ``forward(x [..., H], residual=None) -> [..., H]``: ``residual + mlp(x)`` when a residual is given
+(our AMX GEMMs add it in their epilogue; the others after the block).
 """
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ class MlpRef(nn.Module):
         self.act = act
         self.w = dict(weights)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
         w = self.w
         if self.act == "silu_gated":
-            return F.linear(F.silu(F.linear(x, w["gate"])) * F.linear(x, w["up"]), w["down"])
-        h = F.gelu(F.linear(x, *w["fc1"]), approximate="tanh")
-        return F.linear(h, *w["fc2"])
+            y = F.linear(F.silu(F.linear(x, w["gate"])) * F.linear(x, w["up"]), w["down"])
+        else:
+            y = F.linear(F.gelu(F.linear(x, *w["fc1"]), approximate="tanh"), *w["fc2"])
+        return y if residual is None else residual + y
 
 
 register(Impl("mlp", "ref", lambda spec, params, weights, act: MlpRef(weights, act), reference=True,
@@ -63,9 +65,14 @@ class MlpFused(nn.Module):
             sources = [*w["fc1"], *w["fc2"]]
         release_pages([t for t in sources if t is not None])
 
-    def forward(self, x):
-        y = self.second(self.first(x if x.dtype == self.dtype else x.to(self.dtype)))
-        return y if y.dtype == x.dtype else y.to(x.dtype)
+    def forward(self, x, residual=None):
+        h = self.first(x if x.dtype == self.dtype else x.to(self.dtype))
+        if (residual is not None and x.dtype == residual.dtype == self.dtype
+                and getattr(self.second, "takes_residual", False)):
+            return self.second(h, residual)  # added in the kernel's epilogue, one rounding
+        y = self.second(h)
+        y = y if y.dtype == x.dtype else y.to(x.dtype)
+        return y if residual is None else residual + y
 
 
 def _fused(dtype: torch.dtype):

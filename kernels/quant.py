@@ -64,11 +64,19 @@ class QGemm:
             self.q, self.scale = q, scale.to(torch.bfloat16)
             self.b = None if b is None else b.to(torch.bfloat16)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def takes_residual(self) -> bool:
+        """``__call__(x, residual)`` adds the residual inside the kernel (int8_amx)."""
+        return self.mode == "int8_amx"
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
+        if residual is not None and not self.takes_residual:
+            raise ValueError(f"int8 mode {self.mode!r} does not add a residual; add it after the call")
         if self.mode == "int8_amx":
-            return self.kernel(x2).view(*lead, self.out_features)
+            r2 = None if residual is None else residual.reshape(-1, self.out_features)
+            return self.kernel(x2, r2).view(*lead, self.out_features)
         if self.mode == "int8_dyn":
             y = torch.ops.quantized.linear_dynamic(x2.float(), self.packed, False)
         else:

@@ -60,4 +60,4 @@ class ExpertLayer(nn.Module):
             k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
         a = self.attn(q, k, v, mask)
         x = x + self.o(a.transpose(1, 2).reshape(b, c, -1))
-        return x + self.mlp(self.norm2(x))
+        return self.mlp(self.norm2(x), residual=x)

@@ -30,7 +30,7 @@ class SiglipLayer(nn.Module):
         q, k, v = (t.view(b, n, self.heads, self.head_dim).transpose(1, 2) for t in self.qkv(self.norm1(x)))
         a = self.attn(q, k, v, None).transpose(1, 2).reshape(b, n, h)
         x = x + self.out(a)
-        return x + self.mlp(self.norm2(x))
+        return self.mlp(self.norm2(x), residual=x)
 
 
 def patch_position_ids(grid_h: int, grid_w: int, side: int, convention: str) -> torch.Tensor:

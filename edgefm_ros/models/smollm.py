@@ -43,7 +43,7 @@ class LlamaLayer(nn.Module):
         """Residual + o_proj + MLP block. attn_out [B, Hq, L, D]."""
         b, _, n, _ = attn_out.shape
         x = x + self.o(attn_out.transpose(1, 2).reshape(b, n, -1))
-        return x + self.mlp(self.norm2(x))
+        return self.mlp(self.norm2(x), residual=x)
 
 
 class SmolLM(nn.Module):

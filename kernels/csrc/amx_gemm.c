@@ -46,6 +46,10 @@ typedef struct {
 } tile_config;
 
 
+static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
 static inline void store_bf16(uint16_t *p, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
@@ -63,18 +67,21 @@ static inline __m512 acc_ps(const float *a, const float *sw, float sx) {
  * stream: whole 64-byte lines go past the caches (the prefill's outputs, 5-19 MB: without a read for
  * ownership first, fc1's output costs half the time to write). */
 static void epilogue(const float *acc, int64_t ra, int64_t rb, int64_t r0, int64_t nb, int post, const float *bias,
-                     const float *sw, const float *sx, int64_t n_out, uint16_t *y, int stream) {
+                     const float *sw, const float *sx, const uint16_t *res, int64_t n_out, uint16_t *y, int stream) {
   const float *sw0 = sw ? sw + nb * 32 : NULL, *sw1 = sw ? sw + nb * 32 + 16 : NULL;
   for (int64_t r = ra; r < rb; ++r) {
     const float *a0 = acc + r * 16, *a1 = acc + 64 * 16 + r * 16;
     const float rs = sx ? sx[r0 + r] : 1.0f;
     uint16_t *yr = y + (r0 + r) * n_out;
+    const uint16_t *rr = res ? res + (r0 + r) * n_out : NULL;
     if (post == 1) {
       const int64_t c = nb * 16;
       const __mmask16 m = tail_mask(n_out - c);
       const __m512 g = acc_ps(a0, sw0, rs), u = acc_ps(a1, sw1, rs);
       const __m512 e = exp2_fast_ps(_mm512_mul_ps(_mm512_set1_ps(-1.4426950408889634f), g));
-      store_bf16(yr + c, m, _mm512_mul_ps(_mm512_mul_ps(g, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e))), u));
+      __m512 o = _mm512_mul_ps(_mm512_mul_ps(g, _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e))), u);
+      if (rr) o = _mm512_add_ps(o, load_bf16(rr + c, m));
+      store_bf16(yr + c, m, o);
       continue;
     }
     __m512 v[2];
@@ -91,6 +98,7 @@ static void epilogue(const float *acc, int64_t ra, int64_t rb, int64_t r0, int64
         const __m512 e = exp2_fast_ps(_mm512_mul_ps(q, v[t]));
         v[t] = _mm512_mul_ps(v[t], _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
       }
+      if (rr) v[t] = _mm512_add_ps(v[t], load_bf16(rr + c, m));
       valid = t + 1;
     }
     uint16_t *o = yr + nb * 32;
@@ -201,9 +209,11 @@ static char *pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t sx, int6
 
 /* x [m, k] bf16 (row stride sx elements); wp packed [nblocks][2][kp / KSTEP][TILE bytes]: bf16 (KSTEP 32) or,
  * with sw, int8 (KSTEP 64) whose column scales are sw [nblocks][2][16]; bias [n_out] fp32 or NULL;
- * y [m, n_out] bf16 contiguous. Returns 0, or -1 when the row buffer cannot be allocated. */
+ * res [m, n_out] bf16 contiguous or NULL, added last (a residual: one rounding for both); y [m, n_out] bf16
+ * contiguous. Returns 0, or -1 when the row buffer cannot be allocated. */
 int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const void *wp, const float *sw,
-                    int64_t nblocks, int64_t kp, const float *bias, int post, int64_t n_out, uint16_t *y, int threads) {
+                    int64_t nblocks, int64_t kp, const float *bias, int post, const uint16_t *res, int64_t n_out,
+                    uint16_t *y, int threads) {
   const int s8 = sw != NULL;
   const int64_t ksteps = kp / (s8 ? 64 : 32);
   const int stream_w = m <= 64;
@@ -231,7 +241,7 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
       if (pend >= 0) {                                                                                     \
         const int64_t to = ++step * rows / total;                                                          \
         if (to > done) {                                                                                   \
-          epilogue(acc[pend & 1], done, to, r0, pend, post, bias, sw, scales, n_out, y, m > 64);           \
+          epilogue(acc[pend & 1], done, to, r0, pend, post, bias, sw, scales, res, n_out, y, m > 64);           \
           done = to;                                                                                       \
         }                                                                                                  \
       }
@@ -280,12 +290,12 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
           if (blocks > 2) _tile_stored(6, a + 32 * 16, 64);
           if (blocks > 3) _tile_stored(7, a + 48 * 16, 64);
         }
-        if (pend >= 0 && done < rows) epilogue(acc[pend & 1], done, rows, r0, pend, post, bias, sw, scales, n_out, y, m > 64);
+        if (pend >= 0 && done < rows) epilogue(acc[pend & 1], done, rows, r0, pend, post, bias, sw, scales, res, n_out, y, m > 64);
         pend = nb;
         done = 0;
       }
 #undef EPILOGUE_SLICE
-      if (pend >= 0) epilogue(acc[pend & 1], 0, rows, r0, pend, post, bias, sw, scales, n_out, y, m > 64);
+      if (pend >= 0) epilogue(acc[pend & 1], 0, rows, r0, pend, post, bias, sw, scales, res, n_out, y, m > 64);
     }
     _mm_sfence(); /* the streamed lines visible before the caller reads y */
     _tile_release();

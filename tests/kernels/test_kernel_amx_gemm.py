@@ -149,3 +149,50 @@ def test_without_amx_int8_the_gemm_is_refused_before_any_build(monkeypatch, tmp_
     finally:
         native._load.cache_clear()
         amx_gemm.unavailable.cache_clear()
+
+
+@needs_amx
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+@pytest.mark.parametrize("post", ["none", "gelu_tanh", "silu_glu"])
+def test_residual_is_added_in_the_epilogue(weights, post, gen):
+    """y = post(x W^T + b) + residual, one rounding; a residual of the wrong shape or dtype is refused."""
+    m, k, n = 50, 96, 64
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    b = None if post == "silu_glu" else torch.randn(n, generator=gen)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    kern = amx_gemm.AmxWeight(w, b, post, weights)
+    res = torch.randn(m, kern.out_features, generator=gen).bfloat16()
+    ref = _reference(x, w, b, post, weights) + res.double()
+    assert _rel(kern(x, res), ref) <= BOUND[weights]
+    with pytest.raises(ValueError, match="residual"):
+        kern(x, res[:, :-1])
+    with pytest.raises(ValueError, match="residual"):
+        kern(x, res.float())
+
+
+@needs_amx
+@pytest.mark.parametrize("impl_id,params", [("int8_amx", {}), ("bf16", {"backend": "amx"}),
+                                            ("bf16", {"backend": "onednn"}), ("ref", {})])
+def test_mlp_with_a_residual_is_the_residual_plus_the_mlp(impl_id, params, gen):
+    """Every MLP impl takes ``residual=``: ours add it in the kernel, the others after; same result within
+    the impl's precision, and the reference bitwise ``residual + mlp(x)``."""
+    from edgefm_kernels.registry import OpSpec, get_impl
+
+    h, inner = 64, 128
+    weights = {"gate": torch.randn(inner, h, generator=gen) / h ** 0.5,
+               "up": torch.randn(inner, h, generator=gen) / h ** 0.5,
+               "down": torch.randn(h, inner, generator=gen) / inner ** 0.5}
+    spec = OpSpec("mlp", "expert.layers.0.mlp", "expert_mlp", "decode", f"silu_gated:{h}x{inner}",
+                  "cpu_x86_avx512_bf16", dims={"hidden": h, "inner": inner})
+    mlp = get_impl("mlp", impl_id).build(spec, params, weights=weights, act="silu_gated")
+    dtype = torch.float32 if impl_id == "ref" else torch.bfloat16
+    x = torch.randn(1, 50, h, generator=gen).to(dtype)
+    res = torch.randn(1, 50, h, generator=gen).to(dtype)
+    out = mlp(x, residual=res)
+    assert out.dtype == dtype and out.shape == res.shape
+    if impl_id == "ref":
+        assert torch.equal(out, res + mlp(x))
+    else:
+        ref = res.double() + F.linear(F.silu(F.linear(x.double(), weights["gate"].double()))
+                                      * F.linear(x.double(), weights["up"].double()), weights["down"].double())
+        assert _rel(out, ref) <= BOUND["int8" if impl_id == "int8_amx" else "bf16"]
