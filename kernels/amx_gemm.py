@@ -1,4 +1,4 @@
-"""Python side of ``csrc/amx_gemm.c``: GEMM for a few rows on Intel AMX, its epilogue fused (fast mode).
+"""Python side of ``csrc/amx_gemm.c``: GEMM on Intel AMX, bf16 or int8 weights, its epilogue fused (fast mode).
 
     w = AmxWeight(W [N, K], b [N] | None, post, weights="bf16" | "int8")   # packs W once, in read order
     y = w(x [M, K] bf16, residual=None)                                   # -> [M, N] bf16 ("silu_glu": [M, N/2])
@@ -6,10 +6,10 @@
 ``post``: "none", "gelu_tanh" (on x W^T + b) or "silu_glu" (W stacks gate over up, [2I, K], bias-free);
 ``residual`` (bf16, the output's shape) is added last, with one rounding for both.
 ``weights``: "bf16" (bf16 products, fp32 sums) or "int8" (W symmetric per output channel, x quantised per row
-and call, symmetric: int8 products, int32 sums, both scales applied in the epilogue). Made for the action
-expert's decode: M = 50 rows and a weight read from memory at every Euler step, so the int8 weight halves
-the bytes and the tile work. Each thread streams its share of the packed weight once, prefetched, and the
-epilogue is applied to the accumulators. Needs AMX-BF16 and AMX-INT8 (native.ISA); the process asks the
+and call, symmetric: int8 products, int32 sums, both scales applied in the epilogue). Made first for the
+action expert's decode (M = 50 rows, the weight read from DRAM at every Euler step: int8 halves the bytes and
+the tile work); with many rows (the vision tower's MLP and QKV, M = 3072) it runs 48 rows a pass with the
+tiles kept busy (csrc/amx_gemm.c says how). Needs AMX-BF16 and AMX-INT8 (native.ISA); the process asks the
 kernel for the tile state once, before the first call.
 """
 from __future__ import annotations

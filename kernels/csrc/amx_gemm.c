@@ -1,18 +1,23 @@
-/* bf16 GEMM for a few rows (the action expert's decode: M = 50) on Intel AMX, with its epilogue fused:
+/* GEMM on Intel AMX with its epilogue fused, bf16 or int8 weights (fast mode):
  *   y [M, N] = x [M, K] W^T (+ b)                     (post 0)
  *   y [M, I] = silu(x G^T) * (x U^T)                  (post 1, W = gate and up)
  *   y [M, N] = gelu_tanh(x W^T + b)                   (post 2)
- * At M = 50 a chunk's decode is bound by reading the weights (200 MB of bf16 per Euler step, from DRAM), not
- * by the tiles. The weight is packed once (Python side, amx_gemm.py) into the order this kernel reads it:
- * for each block of output columns, its two 16-column tiles, each as a run of 1 KB B tiles over the 32-wide
- * K steps in the VNNI layout (pairs of the reduction index side by side). Each thread takes a contiguous range of blocks, so it reads one
- * sequential stream that the hardware prefetcher follows, and the next tiles are prefetched explicitly.
- * A block is 32 output columns (post 0, 2) or 16 gate and the matching 16 up columns (post 1), so the
- * GLU's two halves meet in one pair of accumulators.
- * Up to 64 rows per pass over the weight: each 16-column B tile is loaded once and multiplied by every
- * 16-row block of x (a short last block gets a short tile, so M = 50 costs 50 rows of tile work, not 64);
- * x is copied once per call into a zero-padded buffer [ceil16(M), Kp]. Sums in fp32 on the tiles, the
- * epilogue in fp32, rounded once.
+ * each optionally + a residual [M, N or I], added last with one rounding.
+ * The weight is packed once (Python side, amx_gemm.py) into the order this kernel reads it: for each block
+ * of output columns, its two 16-column tiles, each a contiguous run of 1 KB B tiles over the K steps (32 bf16
+ * or 64 int8 values wide, in the VNNI layout: 2 or 4 consecutive K values per 32-bit lane). A block is 32
+ * output columns (post 0, 2) or 16 gate and the matching 16 up columns (post 1), so the GLU's two halves meet
+ * in one pair of accumulators. With int8 weights (symmetric, per output channel) the rows of x are quantised
+ * per row and call (symmetric); int32 sums, both scales applied in the epilogue.
+ * x is packed once per call into 1 KB A tiles [row block][K step] (contiguous: rows of x a power-of-two-ish
+ * stride apart would share L1 sets). Each thread takes a contiguous range of column blocks.
+ * - Few rows (decode: M = 50, <= 64): one pass over the weight, which comes from DRAM at every Euler step;
+ *   each B tile is loaded once and multiplied by every 16-row block of x (a short last block gets a short
+ *   tile: M = 50 costs 50 rows of tile work), the next tiles prefetched.
+ * - Many rows (the prefill): 48 rows a pass, each A tile in its own register and two B tiles in turn, so no
+ *   tile load waits on the product before it; the outputs (5-19 MB) are written with streaming stores.
+ * A block's epilogue (vector work) runs a few rows at a time between the next block's K steps (tile work).
+ * On this host one int8 or bf16 tile product takes 5.3 ns; with its A tile from L1 6.4 ns, from L2 8-11 ns.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -44,7 +49,6 @@ typedef struct {
   uint16_t colsb[16];
   uint8_t rows[16];
 } tile_config;
-
 
 static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
