@@ -139,7 +139,7 @@ def main() -> int:
                             diagnostics_period_s=1.0, autostart=True),
     }
     domain = 10 + os.getpid() % 90
-    print(f"model {model.checkpoint} ({'random weights' if model.random_weights else 'trained'}), mode {a.mode}, "
+    print(f"model {model.checkpoint} ({'random weights' if model.random_weights else model.origin}), mode {a.mode}, "
           f"chunk {cfg.chunk_size} rows at {a.action_rate_hz:g} Hz, {n_cam} cameras {h}x{w}; {a.duration:g} s at "
           f"{a.rate:g} Hz after {a.warmup:g} s warm-up, threshold {a.chunk_size_threshold:g}, realtime_priority "
           f"{a.realtime_priority}, vla threads {a.threads}", flush=True)
