@@ -7,8 +7,9 @@
   onednn  oneDNN with the weight reordered once into its blocked layout (fp32, or bf16 on AMX)
   panel   our AVX-512 kernel (panel_gemm.py, fp32 only): 32-column panels packed once for every M,
           the next panel prefetched while one is used; made for decode, where the weights are cold
-  amx     our AMX kernel (amx_gemm.py, bf16 only): the weight packed once into the tiles' read order, the
-          epilogue fused; made for decode (M = 50), where it streams the weight once per call
+  amx     our AMX kernel (amx_gemm.py, bf16 here; int8 through quant.py's int8_amx): the weight packed once
+          into the tiles' read order, the epilogue (and a residual) fused; made for decode (M = 50), where it
+          streams the weight once per call
 ``post`` is an epilogue: "none", "gelu_tanh" (fused by oneDNN, applied after aten/mkl), "silu_glu" (W stacks
 gate over up, [2I, K]; the output is silu(gate) * up [..., I]: fused by the panel kernel, applied after the
 others). ``epilogue`` says who applies it: "library" (as above) or "avx512" (bf16 only: one pass of our
@@ -107,16 +108,16 @@ class Gemm:
         # MKL's packed GEMM only reads the original weight for another M, which never reaches it
         self._origin = torch.zeros((), dtype=w.dtype).expand(w.shape) if backend == "mkl" else None
         self._packed: dict[int, torch.Tensor] = {}  # packed layouts (mkl / onednn): {1: single rows, 2: more}
-        self._panel = None
+        self._kernel = None  # our kernels' packed weight (panel, amx)
         if post == "silu_glu" and b is not None:
             raise ValueError("silu_glu takes a bias-free gate/up weight")
         self.out_features = out_features(w, post)
         if backend == "panel":  # one layout for every M: pack now, keep only the panels
-            self._panel = (panel_gemm.PanelGlu(*w.chunk(2)) if post == "silu_glu"
+            self._kernel = (panel_gemm.PanelGlu(*w.chunk(2)) if post == "silu_glu"
                            else panel_gemm.PanelWeight(w, b))
             self.w = self.b = None
         elif backend == "amx":  # one layout for every M, the epilogue in the kernel
-            self._panel = amx_gemm.AmxWeight(w, b, post)
+            self._kernel = amx_gemm.AmxWeight(w, b, post)
             self.w = self.b = None
             self.own_post = False
 
@@ -146,9 +147,9 @@ class Gemm:
         if residual is not None:
             if not self.takes_residual:
                 raise ValueError(f"backend {self.backend!r} does not add a residual; add it after the call")
-            return self._panel(x2, residual.reshape(-1, self.out_features)).view(*x.shape[:-1], self.out_features)
+            return self._kernel(x2, residual.reshape(-1, self.out_features)).view(*x.shape[:-1], self.out_features)
         if self.backend == "amx" or (self.backend == "panel" and self.post == "silu_glu"):
-            y = self._panel(x2)  # the epilogue fused into our kernel
+            y = self._kernel(x2)  # the epilogue fused into our kernel
         elif self.backend == "onednn" and self.post == "gelu_tanh" and not self.own_post:
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed(x2.shape[0]), self.b, "gelu", [], "tanh")
         else:
@@ -163,7 +164,7 @@ class Gemm:
         if self.backend == "aten":
             return F.linear(x2, self.w, self.b)
         if self.backend in ("panel", "amx"):
-            return self._panel(x2)
+            return self._kernel(x2)
         if self.backend == "mkl":
             return torch.ops.mkl._mkl_linear(x2, self.packed(m), self._origin, self.b, m)
         return torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "none", [], "")
