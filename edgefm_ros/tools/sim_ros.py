@@ -203,9 +203,14 @@ class LoopGraph:
             if not s.wait_for(lambda: s.diagnostics("sim_node").get("state") == "active" or not s.alive("sim_node"),
                               ready_timeout) or not s.alive("sim_node"):
                 raise RuntimeError(f"sim_node did not become active; log {self.workdir / 'sim_node.log'}")
-        for _ in range(100):  # the reset topic's subscription may not be matched yet: ask until it starts
+        # One request once sim_node's reset subscription is matched (reliable: delivered from then on). A
+        # second one only after a long silence: sent while an episode has just started, it would end that
+        # episode as 'reset' (a loaded host once took 0.33 s to report the start; the old 0.2 s resend did it).
+        if not s.wait_for(lambda: self._reset_pub.get_subscription_count() > 0, ready_timeout):
+            raise RuntimeError(f"sim_node's reset subscription never matched; log {self.workdir / 'sim_node.log'}")
+        for _ in range(6):
             self._reset_pub.publish(String(data=""))
-            if self.wait_event(lambda e: e["event"] == "start", 0.2) is not None:
+            if self.wait_event(lambda e: e["event"] == "start", 10.0) is not None:
                 return
         raise RuntimeError(f"sim_node did not start an episode; log {self.workdir / 'sim_node.log'}")
 
