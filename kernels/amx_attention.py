@@ -21,7 +21,6 @@ NAME = "amx_attention"
 HEAD_DIM = 64
 _I64, _PTR, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {
-    "edgefm_amx_init": ([], _I32),
     "edgefm_amx_attention": ([_PTR, _PTR] * 3 + [_PTR] + [_I64] * 5 + [ctypes.c_float, _PTR, _PTR, _PTR, _I32], None),
 }
 
@@ -29,10 +28,7 @@ SIGNATURES = {
 @functools.lru_cache(maxsize=None)
 def unavailable() -> str | None:
     """Why this kernel cannot run here (no AMX, no build, the tile state refused), or None."""
-    reason = native.unavailable(NAME)
-    if reason is None and native.bind(NAME, SIGNATURES).edgefm_amx_init() != 0:
-        reason = "the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
-    return reason
+    return native.amx_unavailable(NAME, SIGNATURES)
 
 
 def _strides(t: torch.Tensor) -> ctypes.Array:

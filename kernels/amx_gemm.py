@@ -27,7 +27,6 @@ POSTS = {"none": 0, "silu_glu": 1, "gelu_tanh": 2}
 WEIGHTS = {"bf16": (torch.bfloat16, 32, 2), "int8": (torch.int8, 64, 4)}  # dtype, K step, K values per 32 bits
 _I64, _PTR, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {
-    "edgefm_amx_gemm_init": ([], _I32),
     "edgefm_amx_gemm": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _I32, _PTR, _I64, _PTR, _I32], _I32),
 }
 
@@ -35,10 +34,7 @@ SIGNATURES = {
 @functools.lru_cache(maxsize=None)
 def unavailable() -> str | None:
     """Why this kernel cannot run here (no AMX, no build, the tile state refused), or None."""
-    reason = native.unavailable(NAME)
-    if reason is None and native.bind(NAME, SIGNATURES).edgefm_amx_gemm_init() != 0:
-        reason = "the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
-    return reason
+    return native.amx_unavailable(NAME, SIGNATURES)
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,6 +169,15 @@ def bind(name: str, signatures: dict) -> ctypes.CDLL:
     return lib
 
 
+def amx_unavailable(name: str, signatures: dict) -> str | None:
+    """``unavailable(name)`` for an AMX kernel, or the kernel refusing the tile state: it asks for it through
+    the ``edgefm_amx_init`` every AMX library exports (csrc/amx.h; granted once per process)."""
+    reason = unavailable(name)
+    if reason is None and bind(name, signatures).edgefm_amx_init() != 0:  # no arguments, an int: ctypes' defaults
+        reason = "the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
+    return reason
+
+
 def avx512_check(name: str):
     """``Impl.check`` for impls built on kernel ``name``: an AVX-512 profile and the library loading here."""
     def check(spec, params) -> str | None:

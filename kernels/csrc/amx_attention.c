@@ -19,24 +19,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-long syscall(long number, ...);  /* unistd.h declares it only under _GNU_SOURCE / _DEFAULT_SOURCE (-std=c11) */
 
+#include "amx.h"
 #include "vec_math.h"
 
 #define D 64
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-/* Asks the kernel for the AMX tile state (once per process; 0 = granted). */
-int edgefm_amx_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
-
-typedef struct {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} tile_config;
 
 static void configure_tiles(void) {
   tile_config c;

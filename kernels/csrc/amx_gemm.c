@@ -25,14 +25,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-long syscall(long number, ...);  /* unistd.h declares it only under _GNU_SOURCE / _DEFAULT_SOURCE (-std=c11) */
 
+#include "amx.h"
 #include "vec_math.h"
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 #define TILE_BYTES 1024 /* one 16 x 64-byte tile */
 #ifndef PREFETCH_L2
 #define PREFETCH_L2 16
@@ -40,23 +36,6 @@ long syscall(long number, ...);  /* unistd.h declares it only under _GNU_SOURCE 
 #ifndef PREFETCH_L1
 #define PREFETCH_L1 4
 #endif
-
-/* Asks the kernel for the AMX tile state (once per process; 0 = granted). */
-int edgefm_amx_gemm_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
-
-typedef struct {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} tile_config;
-
-static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
-static inline void store_bf16(uint16_t *p, __mmask16 m, __m512 v) {
-  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
-}
 
 /* Accumulator row (16 lanes) -> fp32: the tiles' fp32 sums (bf16), or int32 sums times the row's scale and
  * the columns' (int8: sx the row's activation scale, sw the tile's 16 weight scales). */
@@ -179,7 +158,7 @@ static char *pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t sx, int6
       __m512 amax = _mm512_setzero_ps();
       for (int64_t j = 0; j < k; j += 16) {
         const __mmask16 mk = tail_mask(k - j);
-        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xr + j)), 16));
+        const __m512 v = load_bf16(xr + j, mk);
         bad |= _mm512_mask_fpclass_ps_mask(mk, v, 0x01 | 0x08 | 0x10 | 0x80) != 0;
         amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
       }
@@ -204,7 +183,7 @@ static char *pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t sx, int6
       for (int c = 0; c < 4; ++c) {
         const int64_t j = st * 64 + c * 16;
         const __mmask16 mk = j < k ? tail_mask(k - j) : 0;
-        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xr + j)), 16));
+        const __m512 v = load_bf16(xr + j, mk);
         _mm_store_si128((__m128i *)(row + st * TILE_BYTES + c * 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv))));
       }
   }

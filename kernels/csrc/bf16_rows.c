@@ -10,18 +10,10 @@
 
 #include "vec_math.h"
 
-static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
 /* 1 / x to ~1 ulp: rcp14 and one Newton step (vdivps has a 16-cycle throughput on a 512-bit vector). */
 static inline __m512 rcp_ps(__m512 x) {
   const __m512 r = _mm512_rcp14_ps(x);
   return _mm512_mul_ps(r, _mm512_fnmadd_ps(x, r, _mm512_set1_ps(2.0f)));
-}
-
-static inline void store_bf16(uint16_t *p, __mmask16 m, __m512 v) {
-  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
 /* gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3); in place. */

@@ -44,4 +44,16 @@ static inline __m512 exp2_fast_ps(__m512 t) {
 /* Lanes [0, n) of a 16-lane vector (n in [0, 16]). */
 static inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
 
+/* 16 bf16 values (lanes in m, zero elsewhere) -> fp32, exactly. */
+static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+#ifdef __AVX512BF16__ /* kernels built with -mavx512bf16 (native.ISA) */
+/* 16 fp32 -> bf16 (nearest even) into lanes m of p. */
+static inline void store_bf16(uint16_t *p, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+#endif
+
 #endif
