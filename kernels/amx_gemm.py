@@ -71,7 +71,7 @@ def pack(w: torch.Tensor, post: str, weights: str = "bf16") -> tuple[torch.Tenso
         q, scale = quantize_rows(w)
         scales = _blocks(scale, post, 0).reshape(-1, 2, 16).contiguous()
     else:
-        q, scales = w.to(torch.bfloat16), None
+        q, scales = w.to(dtype), None
     tiles = _blocks(q, post, kp - k)  # [nb, t, col, kp]
     nb = tiles.shape[0]
     # [nb, t, col, ks, r, i] -> [nb, t, ks, r, col, i]: each tile's K steps one contiguous run
