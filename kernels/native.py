@@ -36,7 +36,8 @@ FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-mavx512f", "-mavx512vl", "-ma
 # A CPU without them gets the kernel refused before it is built, and its skill is not loaded.
 ISA = {
     "bf16_rows": (("-mavx512bf16",), ("avx512_bf16",)),
-    "amx_attention": (("-mavx512bf16", "-mamx-tile", "-mamx-bf16"), ("avx512_bf16", "amx_tile", "amx_bf16")),
+    "amx_attention": (("-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+                      ("avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")),
     "amx_gemm": (("-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
                  ("avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")),
 }

@@ -40,21 +40,48 @@ static inline __m512 bf16_to_ps(__m256i v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
-/* K [Lk, D] (row stride sk) -> kp[kb][c][r][n] = the dim pair (32 c + 2 r, +1) of key 16 kb + n, one 32-bit
- * word (one 1 KB tile per kb, c): a gather of 16 words per tile row. Zero past lk. */
-static void pack_k(const uint16_t *k, int64_t sk, int64_t lk, int64_t lkp, uint16_t *kp) {
-  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32((int)(sk * 2)));  /* byte offsets of 16 keys */
-  for (int64_t kb = 0; kb < lkp / 16; ++kb) {
-    const int64_t left = lk - kb * 16;
-    const __mmask16 valid = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-    for (int c = 0; c < 2; ++c) {
-      uint32_t *t = (uint32_t *)(kp + (kb * 2 + c) * 512);
-      const uint16_t *base = k + kb * 16 * sk + c * 32;
-      for (int r = 0; r < 16; ++r)
-        _mm512_storeu_si512(t + r * 16, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, rows, base + 2 * r, 1));
-    }
+/* 16 x 16 32-bit words: r[i] lane j -> r[j] lane i (four rounds of in-lane and cross-lane shuffles). */
+static inline void transpose16_epi32(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
   }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  /* each 128-bit lane k of r[4a + b] now holds rows 4a .. 4a + 3 of column group 4k + b' (b' = 0, 2, 1, 3) */
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0xDD);
+    t[8 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xDD);
+    r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
+    r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xDD);
+  }
+}
+
+/* K [Lk, D] (row stride sk) -> kp[kb][c][r][n] = the dim pair (32 c + 2 r, +1) of key 16 kb + n, one 32-bit
+ * word (one 1 KB tile per kb, c): 16 keys x 16 words transposed. Zero past lk. */
+static void pack_k(const uint16_t *k, int64_t sk, int64_t lk, int64_t lkp, uint16_t *kp) {
+  for (int64_t kb = 0; kb < lkp / 16; ++kb)
+    for (int c = 0; c < 2; ++c) {
+      __m512i r[16];
+      for (int n = 0; n < 16; ++n) {
+        const int64_t key = kb * 16 + n;
+        r[n] = key < lk ? _mm512_loadu_si512(k + key * sk + c * 32) : _mm512_setzero_si512();
+      }
+      transpose16_epi32(r);
+      uint32_t *t = (uint32_t *)(kp + (kb * 2 + c) * 512);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(t + i * 16, r[i]);
+    }
 }
 
 /* V [Lk, D] (row stride sv) -> vp[kc][j][r][n][i] = V[32 kc + 2 r + i][16 j + n]: rows 2r and 2r+1 of a dim
@@ -90,10 +117,13 @@ static inline __m512 exp2_softmax_ps(__m512 t) {
 /* One row of scores s [lk] (fp32, unscaled) -> p [lkp] bf16 = exp((s - max) * scale), zero past lk; returns
  * the sum of the exponentials (the caller divides the row's P V by it). mask: uint8 [lk] or NULL. */
 static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp, float scale, uint16_t *p) {
-  if (mask != NULL) {
-    const float lowest = -FLT_MAX;  /* the reference fills finfo.min after scaling; any scale > 0 keeps it lowest */
-    for (int64_t j = 0; j < lk; ++j)
-      if (!mask[j]) s[j] = lowest;
+  if (mask != NULL) { /* the reference fills finfo.min after scaling; any scale > 0 keeps it lowest */
+    const __m512 lowest = _mm512_set1_ps(-FLT_MAX);
+    for (int64_t j = 0; j < lk; j += 16) {
+      const __mmask16 m = tail_mask(lk - j);
+      const __mmask16 seen = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(m, mask + j), _mm_set1_epi8(-1));
+      _mm512_mask_storeu_ps(s + j, m & ~seen, lowest);
+    }
   }
   /* four running maxima and two sums: one chain would wait on the previous vector's max/add latency */
   __m512 mx0 = _mm512_set1_ps(-FLT_MAX), mx1 = mx0, mx2 = mx0, mx3 = mx0;
