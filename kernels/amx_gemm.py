@@ -28,10 +28,7 @@ WEIGHTS = {"bf16": (torch.bfloat16, 32, 2), "int8": (torch.int8, 64, 4)}  # dtyp
 _I64, _PTR, _I32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {
     "edgefm_amx_gemm": ([_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _I32, _PTR, _I64, _PTR, _I32], _I32),
-    "edgefm_amx_mlp": ([_PTR, _I64, _I64, _I64] + [_PTR, _PTR, _I64, _I64, _PTR, _I32, _I64]
-                       + [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I32], _I32),
 }
-CHAIN_MIN_ROWS = 65  # chain() serves the prefill's many rows; fewer go through two calls
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,38 +122,3 @@ class AmxWeight:
         if rc:
             raise MemoryError(f"amx_gemm could not allocate its {m}-row input buffer")
         return y
-
-
-def chain(first: AmxWeight, second: AmxWeight, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``second(first(x), residual)`` in one call for int8 weights and many rows (an MLP: ``first`` with
-    "silu_glu" or "gelu_tanh", ``second`` plain): ``first``'s outputs are quantised for ``second`` while they are
-    in L2, never written to memory in bf16; bitwise the two calls' result. x [M, K] bf16, M >= CHAIN_MIN_ROWS."""
-    if first.weights != "int8" or second.weights != "int8":
-        raise ValueError(f"chain takes int8 weights, got {first.weights!r} and {second.weights!r}")
-    if first.post not in ("silu_glu", "gelu_tanh") or second.post != "none":
-        raise ValueError(f"chain takes an activation then a plain GEMM, got {first.post!r} then {second.post!r}")
-    if second.k != first.out_features:
-        raise ValueError(f"chain: the second GEMM takes {second.k} inputs, the first gives {first.out_features}")
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != first.k or x.stride(1) != 1:
-        raise ValueError(f"AMX GEMM input must be bf16 [M, {first.k}] with unit column stride, got {x.dtype} "
-                         f"{tuple(x.shape)} strides {x.stride()}")
-    m = x.shape[0]
-    if m < CHAIN_MIN_ROWS:
-        raise ValueError(f"chain serves at least {CHAIN_MIN_ROWS} rows, got {m}: call the two GEMMs")
-    if residual is not None:
-        if residual.dtype != torch.bfloat16 or tuple(residual.shape) != (m, second.out_features):
-            raise ValueError(f"AMX GEMM residual must be bf16 [{m}, {second.out_features}], got {residual.dtype} "
-                             f"{tuple(residual.shape)}")
-        residual = residual.contiguous()
-    y = torch.empty((m, second.out_features), dtype=torch.bfloat16)
-    step = WEIGHTS["int8"][1]
-    rc = native.bind(NAME, SIGNATURES).edgefm_amx_mlp(
-        x.data_ptr(), m, first.k, x.stride(0),
-        first.packed.data_ptr(), first.scales.data_ptr(), first.packed.shape[0], first.packed.shape[2] * step,
-        None if first.bias is None else first.bias.data_ptr(), POSTS[first.post], first.out_features,
-        second.packed.data_ptr(), second.scales.data_ptr(), second.packed.shape[0], second.packed.shape[2] * step,
-        None if second.bias is None else second.bias.data_ptr(), None if residual is None else residual.data_ptr(),
-        second.out_features, y.data_ptr(), torch.get_num_threads())
-    if rc:
-        raise MemoryError(f"amx_gemm.chain could not allocate its buffers for {m} rows")
-    return y

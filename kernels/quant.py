@@ -111,30 +111,10 @@ def _linear(mode: str):
         weights, _xdtype(mode), lambda make, post: QGemm(make, post, mode), weight_dtype=torch.float32)
 
 
-class AmxMlp(MlpFused):
-    """The int8_amx MLP: for the prefill's many rows its two GEMMs are one kernel call (``amx_gemm.chain``): the
-    first one's outputs are quantised for the second while they are in L2 instead of going to memory in bf16
-    and back (the vision MLP's 19 MB a call); bitwise the two calls' result. Fewer rows (the decode) and other
-    input dtypes take the two calls."""
-
-    def forward(self, x, residual=None):
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (x.dtype != self.dtype or rows < amx_gemm.CHAIN_MIN_ROWS
-                or (residual is not None and residual.dtype != self.dtype)):
-            return super().forward(x, residual)
-        lead = x.shape[:-1]
-        r2 = None if residual is None else residual.reshape(rows, -1)
-        y = amx_gemm.chain(self.first.kernel, self.second.kernel, x.reshape(rows, x.shape[-1]), r2)
-        return y.view(*lead, y.shape[-1])
-
-
 def _mlp(mode: str):
     def build(spec, params, weights, act):
-        if mode == "int8_amx":
-            return AmxMlp(weights, act, torch.bfloat16, lambda make, post: QGemm(make, post, mode),
-                          weight_dtype=torch.float32)
-        return MlpFused(weights, act, torch.float32, lambda make, post: QGemm(make, post, mode),
-                        weight_dtype=torch.float32)
+        dtype = torch.bfloat16 if mode == "int8_amx" else torch.float32
+        return MlpFused(weights, act, dtype, lambda make, post: QGemm(make, post, mode), weight_dtype=torch.float32)
     return build
 
 

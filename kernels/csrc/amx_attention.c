@@ -24,6 +24,7 @@
 #include "vec_math.h"
 
 #define D 64
+#define GRAB 4 /* blocks of 16 query rows a thread takes at a time (of one head: K and V stay in L2) */
 
 static void configure_tiles(void) {
   tile_config c;
@@ -222,12 +223,13 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
                           int threads) {
   const int64_t lkp = (lk + 31) / 32 * 32, per = lkp * D, groups = hq / hkv, qblocks = (lq + 15) / 16;
   uint16_t *kp = work, *vp = work + b * hkv * per;
-  #pragma omp parallel for schedule(static) num_threads(threads)
+  #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t bh = 0; bh < b * hkv; ++bh) {
     const int64_t bi = bh / hkv, h = bh % hkv;
     pack_k(k + bi * ks[0] + h * ks[1], ks[2], lk, lkp, kp + bh * per);
     pack_v(v + bi * vs[0] + h * vs[1], vs[2], lk, lkp, vp + bh * per);
   }
+  int64_t next = 0; /* the next block of 16 query rows to take (atomic adds, GRAB at a time) */
   #pragma omp parallel num_threads(threads)
   {
     configure_tiles();
@@ -241,13 +243,19 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
     }
     uint16_t qb[16 * D] __attribute__((aligned(64)));
     float ob[16 * D] __attribute__((aligned(64)));
-    const int64_t total = b * hq * qblocks, nth = omp_get_num_threads(), tid = omp_get_thread_num();
-    const int64_t lo = total * tid / nth, hi = total * (tid + 1) / nth, steps = lkp / 32;
+    const int64_t total = b * hq * qblocks, steps = lkp / 32;
     /* item i: its scores on the tiles with the first half of block i-1's softmax between them, then block
      * i-2's P V with the second half between its steps */
     qblock *prev = NULL, *prev2 = NULL;
-    for (int64_t item = lo; item < hi; ++item) {
-      qblock *cur = &blk[item % 3];
+    /* the blocks are shared out a few at a time, not split in halves up front: a thread that another process
+     * preempts leaves its share to the other (a static split made the other wait at the end) */
+    for (int64_t item = 0, grabbed = 0, mine = 0;; ++mine) {
+      if (++item >= grabbed) {
+        item = __atomic_fetch_add(&next, GRAB, __ATOMIC_RELAXED);
+        if (item >= total) break;
+        grabbed = item + GRAB < total ? item + GRAB : total;
+      }
+      qblock *cur = &blk[mine % 3]; /* this thread's blocks in turn: the pipeline's three buffers */
       cur->bi = item / (hq * qblocks);
       cur->h = item / qblocks % hq;
       cur->q0 = item % qblocks * 16;

@@ -10,7 +10,7 @@
  * in one pair of accumulators. With int8 weights (symmetric, per output channel) the rows of x are quantised
  * per row and call (symmetric); int32 sums, both scales applied in the epilogue.
  * x is packed once per call into 1 KB A tiles [row block][K step] (contiguous: rows of x a power-of-two-ish
- * stride apart would share L1 sets). Each thread takes a contiguous range of column blocks.
+ * stride apart would share L1 sets). The threads share out (column range, row group) units as they go.
  * - Few rows (decode: M = 50, <= 64): one pass over the weight, which comes from DRAM at every Euler step;
  *   each B tile is loaded once and multiplied by every 16-row block of x (a short last block gets a short
  *   tile: M = 50 costs 50 rows of tile work), the next tiles prefetched.
@@ -44,28 +44,18 @@ static inline __m512 acc_ps(const float *a, const float *sw, float sx) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(a)), _mm512_mul_ps(_mm512_loadu_ps(sw), _mm512_set1_ps(sx)));
 }
 
-/* Where a GEMM's outputs go: output (row, column) at y + (row - row0) ld + column - col0; stream: whole
- * 64-byte lines past the caches. */
-typedef struct {
-  uint16_t *y;
-  int64_t ld, row0, col0;
-  int stream;
-} dest_t;
-
 /* One block's accumulators acc[t][row][16] (t: the block's two 16-column tiles), rows [ra, rb) of the group
  * starting at r0 -> y.
  * sw: the packed weight scales [nblocks][2][16] (int8) or NULL (bf16); sx: the rows' scales (int8).
  * stream: whole 64-byte lines go past the caches (the prefill's outputs, 5-19 MB: without a read for
  * ownership first, fc1's output costs half the time to write). */
 static void epilogue(const float *acc, int64_t ra, int64_t rb, int64_t r0, int64_t nb, int post, const float *bias,
-                     const float *sw, const float *sx, const uint16_t *res, int64_t n_out, const dest_t *d) {
-  uint16_t *y = d->y;
-  const int stream = d->stream;
+                     const float *sw, const float *sx, const uint16_t *res, int64_t n_out, uint16_t *y, int stream) {
   const float *sw0 = sw ? sw + nb * 32 : NULL, *sw1 = sw ? sw + nb * 32 + 16 : NULL;
   for (int64_t r = ra; r < rb; ++r) {
     const float *a0 = acc + r * 16, *a1 = acc + 64 * 16 + r * 16;
     const float rs = sx ? sx[r0 + r] : 1.0f;
-    uint16_t *yr = y + (r0 + r - d->row0) * d->ld - d->col0;
+    uint16_t *yr = y + (r0 + r) * n_out;
     const uint16_t *rr = res ? res + (r0 + r) * n_out : NULL;
     if (post == 1) {
       const int64_t c = nb * 16;
@@ -158,7 +148,7 @@ static char *pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t sx, int6
   const int64_t mp = (m + 15) / 16 * 16, step = s8 ? 64 : 32, ksteps = kp / step;
   char *xa = aligned_alloc(64, (size_t)(mp / 16 * ksteps * TILE_BYTES));
   if (!xa) return NULL;
-  #pragma omp parallel for schedule(static) num_threads(threads) if (m * k >= (1 << 16))
+  #pragma omp parallel for schedule(dynamic, 32) num_threads(threads) if (m * k >= (1 << 16))
   for (int64_t r = 0; r < mp; ++r) {
     char *row = xa + (r / 16) * ksteps * TILE_BYTES + (r % 16) * 64; /* its 64 bytes of K step s: + s KB */
     const uint16_t *xr = x + r * sx;
@@ -200,9 +190,10 @@ static char *pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t sx, int6
   return xa;
 }
 
-/* One GEMM's weight side: wp packed [nblocks][2][kp / KSTEP][TILE bytes], bf16 (KSTEP 32) or, with sw, int8
+/* One GEMM: the weight wp packed [nblocks][2][kp / KSTEP][TILE bytes], bf16 (KSTEP 32) or, with sw, int8
  * (KSTEP 64) whose column scales are sw [nblocks][2][16]; bias [n_out] fp32 or NULL; post (0 none, 1 SiLU-GLU,
- * 2 GELU-tanh); res [m, n_out] bf16 contiguous or NULL, added last (a residual: one rounding for both). */
+ * 2 GELU-tanh); res [m, n_out] bf16 contiguous or NULL, added last (a residual: one rounding for both); x as
+ * its A tiles xa (pack_rows) and row scales (int8); y [m, n_out] bf16 contiguous. */
 typedef struct {
   const void *wp;
   const float *sw;
@@ -210,235 +201,133 @@ typedef struct {
   const float *bias;
   int post;
   const uint16_t *res;
-  int64_t n_out;
+  int64_t m, n_out;
+  const char *xa;
+  const float *scales;
+  uint16_t *y;
 } gemm_t;
 
-/* A chained GEMM (edgefm_amx_mlp): the first GEMM's outputs are the next one's int8 input. Each thread writes
- * its columns of a row group into hb [GROUP rows][width] bf16 (L2, not memory); at the end of the group the
- * threads meet once (the row scale needs every column: each thread's max |h| per row goes to partial
- * [group parity][thread][GROUP]) and each quantises its columns into the next GEMM's A tiles xa [row block]
- * [K step][16][64] (streaming stores), bitwise what pack_rows would make of the bf16 rows; scales [m]. */
-typedef struct {
-  uint16_t *hb;
-  float *partial, *scales;
-  char *xa;
-  int64_t ksteps; /* the next GEMM's K steps (its kp / 64) */
-} chain_t;
-
-#define GROUP_PREFILL 48
-
-/* This thread's columns of row group [r0, r0 + rows): max |h| per row (NaN for a row holding a NaN or an
- * infinity); then, after every thread has given its own, the row scales and the int8 A tiles of columns
- * [c0, c1) (K steps c0 / 64 .. ; c0 a multiple of 64). Rows past m (to the row block's end) get zeros. */
-static void chain_group(const chain_t *ch, int64_t r0, int64_t rows, int64_t m, int64_t c0, int64_t c1,
-                        int64_t group_index, int64_t tid, int64_t nth) {
-  const int64_t width = c1 - c0, parity = group_index & 1;
-  float *mine = ch->partial + (parity * nth + tid) * GROUP_PREFILL;
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t *h = ch->hb + r * width;
-    __m512 amax = _mm512_setzero_ps();
-    int bad = 0;
-    for (int64_t j = 0; j < width; j += 16) {
-      const __mmask16 mk = tail_mask(width - j);
-      const __m512 v = load_bf16(h + j, mk);
-      bad |= _mm512_mask_fpclass_ps_mask(mk, v, 0x01 | 0x08 | 0x10 | 0x80) != 0;
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-    }
-    mine[r] = bad ? NAN : _mm512_reduce_max_ps(amax);
-  }
-  #pragma omp barrier
-  const int64_t rows_p = (rows + 15) / 16 * 16;
-  for (int64_t r = 0; r < rows_p; ++r) {
-    const int64_t row = r0 + r;
-    char *dst = ch->xa + (row / 16) * ch->ksteps * TILE_BYTES + (row % 16) * 64;
-    float scale = 0.0f;
-    if (r < rows) {
-      float mx = 0.0f;
-      for (int64_t t = 0; t < nth; ++t) {
-        const float v = ch->partial[(parity * nth + t) * GROUP_PREFILL + r];
-        mx = (isnan(v) || isnan(mx)) ? NAN : v > mx ? v : mx;
-      }
-      scale = isnan(mx) ? NAN : mx > 0.0f ? mx / 127.0f : 1.0f;
-      if (tid == 0) ch->scales[row] = scale;
-    }
-    const uint16_t *h = ch->hb + r * width;
-    const __m512 inv = _mm512_set1_ps(1.0f / scale);
-    for (int64_t j0 = 0; j0 < width; j0 += 64) {
-      __m512i line = _mm512_setzero_si512();
-      if (r < rows && !isnan(scale)) {
-        __m128i q[4];
-        for (int c = 0; c < 4; ++c) {
-          const int64_t j = j0 + c * 16;
-          const __mmask16 mk = j < width ? tail_mask(width - j) : 0;
-          q[c] = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(load_bf16(h + j, mk), inv)));
-        }
-        line = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(q[0]), q[1], 1), q[2], 2), q[3], 3);
-      }
-      _mm512_stream_si512((void *)(dst + ((c0 + j0) / 64) * TILE_BYTES), line);
-    }
-  }
-}
-
-/* One thread's share of a GEMM (inside a parallel region): column blocks [lo, hi) for every row group of x,
- * xa its A tiles (pack_rows), scales its row scales (int8). With ch, each row group's outputs go to the
- * chain's buffer and are quantised there for the next GEMM (the threads meet once a group). */
-static void gemm_body(const gemm_t *g, const char *xa, const float *scales, int64_t m, int64_t lo, int64_t hi,
-                      const dest_t *dst, const chain_t *ch, int64_t tid, int64_t nth) {
+/* Row group [r0, r0 + 64 or 48) of x times column blocks [lo, hi) of the weight (inside a parallel region). */
+static void gemm_group(const gemm_t *g, int64_t r0, int64_t lo, int64_t hi) {
   const int s8 = g->sw != NULL, post = g->post;
-  const int64_t ksteps = g->kp / (s8 ? 64 : 32), n_out = g->n_out;
+  const int64_t m = g->m, ksteps = g->kp / (s8 ? 64 : 32), n_out = g->n_out;
   const int stream_w = m <= 64;
-  const float *bias = g->bias, *sw = g->sw;
+  const char *xa = g->xa;
+  const float *bias = g->bias, *sw = g->sw, *scales = g->scales;
   const uint16_t *res = g->res;
+  uint16_t *y = g->y;
   /* [block parity][tile][row of the group][16], fp32 or int32 sums: a block's epilogue (vector work) runs
    * a few rows at a time between the next block's K steps (tile work), so the two units overlap */
   float acc[2][2 * 64 * 16] __attribute__((aligned(64)));
   /* decode (m <= 64): one pass over the weight; the prefill: 48 rows a pass, each A tile in its own register */
-  const int64_t group = m <= 64 ? 64 : GROUP_PREFILL, per_block = post == 1 ? 16 : 32;
-  const int64_t c0 = lo * per_block, c1 = hi * per_block < n_out ? hi * per_block : n_out;
-  dest_t local = {ch ? ch->hb : NULL, c1 - c0, 0, c0, 0};
-  for (int64_t r0 = 0; r0 < m; r0 += group) {
-    const int64_t rows = (m - r0) < group ? (m - r0) : group, blocks = (rows + 15) / 16;
-    const dest_t *d = dst;
-    if (ch) {
-      local.row0 = r0;
-      d = &local;
-    }
-    configure_group(rows, group);
-    int64_t pend = -1, done = 0, step = 0; /* the block whose epilogue is under way, its rows done */
-    const int64_t total = 2 * ksteps;
+  const int64_t group = m <= 64 ? 64 : 48;
+  const int64_t rows = (m - r0) < group ? (m - r0) : group, blocks = (rows + 15) / 16;
+  configure_group(rows, group);
+  int64_t pend = -1, done = 0, step = 0; /* the block whose epilogue is under way, its rows done */
+  const int64_t total = 2 * ksteps;
 #define EPILOGUE_SLICE()                                                                                   \
-    if (pend >= 0) {                                                                                       \
-      const int64_t to = ++step * rows / total;                                                            \
-      if (to > done) {                                                                                     \
-        epilogue(acc[pend & 1], done, to, r0, pend, post, bias, sw, scales, res, n_out, d);                  \
-        done = to;                                                                                         \
-      }                                                                                                    \
-    }
-    for (int64_t nb = lo; nb < hi; ++nb) {
-      step = 0;
-      for (int t = 0; t < 2; ++t) {
-        if (post != 1 && nb * 32 + t * 16 >= n_out) break;
-        const char *wt = (const char *)g->wp + (nb * 2 + t) * ksteps * TILE_BYTES;
-        _tile_zero(4);
-        if (blocks > 1) _tile_zero(5);
-        if (blocks > 2) _tile_zero(6);
-        if (blocks > 3 && group == 64) _tile_zero(7);
-        int64_t s = 0;
-        if (group == 48) /* two B tiles in turn: the next step's load need not wait for this step's products */
-          for (; s + 1 < ksteps; s += 2) {
-            _tile_loadd(2, wt + s * TILE_BYTES, 64);
-            TILE_RUN_B(0, 4, 2)
-            TILE_RUN_B(1, 5, 2)
-            TILE_RUN_B(2, 6, 2)
-            EPILOGUE_SLICE()
-            ++s;
-            _tile_loadd(7, wt + s * TILE_BYTES, 64);
-            TILE_RUN_B(0, 4, 7)
-            TILE_RUN_B(1, 5, 7)
-            TILE_RUN_B(2, 6, 7)
-            EPILOGUE_SLICE()
-            --s;
-          }
-        for (; s < ksteps; ++s) {
-          const char *b = wt + s * TILE_BYTES;
-          if (stream_w) /* decode: the weight comes from memory once; the prefill's stays in L2 */
-            for (int l = 0; l < TILE_BYTES; l += 64) {
-              _mm_prefetch(b + PREFETCH_L2 * TILE_BYTES + l, _MM_HINT_T1);
-              _mm_prefetch(b + PREFETCH_L1 * TILE_BYTES + l, _MM_HINT_T0);
-            }
-          _tile_loadd(2, b, 64);
-          TILE_RUN(0, 4)
-          TILE_RUN(1, 5)
-          TILE_RUN(2, 6)
-          TILE_RUN(3, 7)
-          EPILOGUE_SLICE()
-        }
-        float *a = acc[nb & 1] + t * 64 * 16;
-        _tile_stored(4, a, 64);
-        if (blocks > 1) _tile_stored(5, a + 16 * 16, 64);
-        if (blocks > 2) _tile_stored(6, a + 32 * 16, 64);
-        if (blocks > 3) _tile_stored(7, a + 48 * 16, 64);
-      }
-      if (pend >= 0 && done < rows) epilogue(acc[pend & 1], done, rows, r0, pend, post, bias, sw, scales, res, n_out, d);
-      pend = nb;
-      done = 0;
-    }
-#undef EPILOGUE_SLICE
-    if (pend >= 0) epilogue(acc[pend & 1], 0, rows, r0, pend, post, bias, sw, scales, res, n_out, d);
-    if (ch) chain_group(ch, r0, rows, m, c0, c1, r0 / group, tid, nth);
+  if (pend >= 0) {                                                                                     \
+    const int64_t to = ++step * rows / total;                                                          \
+    if (to > done) {                                                                                   \
+      epilogue(acc[pend & 1], done, to, r0, pend, post, bias, sw, scales, res, n_out, y, m > 64);           \
+      done = to;                                                                                       \
+    }                                                                                                  \
   }
+  for (int64_t nb = lo; nb < hi; ++nb) {
+    step = 0;
+    for (int t = 0; t < 2; ++t) {
+      if (post != 1 && nb * 32 + t * 16 >= n_out) break;
+      const char *wt = (const char *)g->wp + (nb * 2 + t) * ksteps * TILE_BYTES;
+      _tile_zero(4);
+      if (blocks > 1) _tile_zero(5);
+      if (blocks > 2) _tile_zero(6);
+      if (blocks > 3 && group == 64) _tile_zero(7);
+      int64_t s = 0;
+      if (group == 48) /* two B tiles in turn: the next step's load need not wait for this step's products */
+        for (; s + 1 < ksteps; s += 2) {
+          _tile_loadd(2, wt + s * TILE_BYTES, 64);
+          TILE_RUN_B(0, 4, 2)
+          TILE_RUN_B(1, 5, 2)
+          TILE_RUN_B(2, 6, 2)
+          EPILOGUE_SLICE()
+          ++s;
+          _tile_loadd(7, wt + s * TILE_BYTES, 64);
+          TILE_RUN_B(0, 4, 7)
+          TILE_RUN_B(1, 5, 7)
+          TILE_RUN_B(2, 6, 7)
+          EPILOGUE_SLICE()
+          --s;
+        }
+      for (; s < ksteps; ++s) {
+        const char *b = wt + s * TILE_BYTES;
+        if (stream_w) /* decode: the weight comes from memory once; the prefill's stays in L2 */
+          for (int l = 0; l < TILE_BYTES; l += 64) {
+            _mm_prefetch(b + PREFETCH_L2 * TILE_BYTES + l, _MM_HINT_T1);
+            _mm_prefetch(b + PREFETCH_L1 * TILE_BYTES + l, _MM_HINT_T0);
+          }
+        _tile_loadd(2, b, 64);
+        TILE_RUN(0, 4)
+        TILE_RUN(1, 5)
+        TILE_RUN(2, 6)
+        TILE_RUN(3, 7)
+        EPILOGUE_SLICE()
+      }
+      float *a = acc[nb & 1] + t * 64 * 16;
+      _tile_stored(4, a, 64);
+      if (blocks > 1) _tile_stored(5, a + 16 * 16, 64);
+      if (blocks > 2) _tile_stored(6, a + 32 * 16, 64);
+      if (blocks > 3) _tile_stored(7, a + 48 * 16, 64);
+    }
+    if (pend >= 0 && done < rows) epilogue(acc[pend & 1], done, rows, r0, pend, post, bias, sw, scales, res, n_out, y, m > 64);
+    pend = nb;
+    done = 0;
+  }
+#undef EPILOGUE_SLICE
+  if (pend >= 0) epilogue(acc[pend & 1], 0, rows, r0, pend, post, bias, sw, scales, res, n_out, y, m > 64);
+}
+
+/* Work sharing that survives a preempted thread: on a robot other processes take a core now and then, and
+ * with the columns split in halves up front the other thread waited at the end of every GEMM (a quarter of
+ * a core of background load made a chunk 30-45% slower). The columns are cut into ranges, each with a
+ * counter of its next row group; a thread takes the row groups of its own ranges first (the prefill keeps
+ * its half of the weight in L2), then what is left of the others'. */
+#define MAX_RANGES 256
+
+/* One range per thread for the prefill, eight per thread for the decode (one row group: its ranges are the
+ * only work to share); at most one per column block and MAX_RANGES. */
+static int64_t ranges_for(int64_t m, int64_t nblocks, int threads) {
+  int64_t r = m <= 64 ? 8 * (int64_t)threads : threads;
+  r = r < nblocks ? r : nblocks;
+  return r < 1 ? 1 : r > MAX_RANGES ? MAX_RANGES : r;
 }
 
 /* x [m, k] bf16 (row stride sx elements) times one GEMM's weight (gemm_t's fields, in order) -> y [m, n_out]
- * bf16 contiguous. Each thread takes a contiguous range of column blocks. Returns 0, or -1 when the row buffer
- * cannot be allocated. */
+ * bf16 contiguous. Returns 0, or -1 when the row buffer cannot be allocated. */
 int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const void *wp, const float *sw,
                     int64_t nblocks, int64_t kp, const float *bias, int post, const uint16_t *res, int64_t n_out,
                     uint16_t *y, int threads) {
   const int s8 = sw != NULL;
-  const gemm_t g = {wp, sw, nblocks, kp, bias, post, res, n_out};
   float *scales = s8 ? malloc((size_t)(m > 0 ? m : 1) * sizeof(float)) : NULL;
   char *xa = (s8 && !scales) ? NULL : pack_rows(x, m, k, sx, kp, s8, scales, threads);
   if (!xa) {
     free(scales);
     return -1;
   }
-  const dest_t d = {y, n_out, 0, 0, m > 64};
+  const gemm_t g = {wp, sw, nblocks, kp, bias, post, res, m, n_out, xa, scales, y};
+  const int64_t ranges = ranges_for(m, nblocks, threads), groups = (m + (m <= 64 ? 64 : 48) - 1) / (m <= 64 ? 64 : 48);
+  int64_t next[MAX_RANGES] = {0}; /* the next row group of each column range (atomic adds) */
   #pragma omp parallel num_threads(threads)
   {
-    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
-    gemm_body(&g, xa, scales, m, nblocks * tid / nth, nblocks * (tid + 1) / nth, &d, NULL, tid, nth);
+    const int64_t nth = omp_get_num_threads(), first = ranges * omp_get_thread_num() / nth;
+    for (int64_t i = 0; i < ranges; ++i) {
+      const int64_t u = (first + i) % ranges, lo = nblocks * u / ranges, hi = nblocks * (u + 1) / ranges;
+      for (int64_t gi; lo < hi && (gi = __atomic_fetch_add(&next[u], 1, __ATOMIC_RELAXED)) < groups;)
+        gemm_group(&g, gi * (m <= 64 ? 64 : 48), lo, hi);
+    }
     _mm_sfence(); /* the streamed lines visible before the caller reads y */
     _tile_release();
   }
   free(xa);
   free(scales);
   return 0;
-}
-
-/* Two int8 GEMMs in a row, y = second(first(x)) (an MLP: first SiLU-GLU or GELU-tanh, second plain with
- * res), for many rows: the first's bf16 outputs never go to memory (chain_t), so the 19 MB a vision MLP
- * wrote and read back between its GEMMs become 9 MB of int8 A tiles written once. Each thread takes the first
- * GEMM's columns in runs of 64 (its K steps of the second), then, after the threads meet, the second's columns.
- * The result is bitwise that of the two edgefm_amx_gemm calls. Returns 0, or -1 when a buffer cannot be
- * allocated, -2 for m <= 64 (the decode's rows: two edgefm_amx_gemm calls). */
-int edgefm_amx_mlp(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const void *wp1, const float *sw1,
-                   int64_t nblocks1, int64_t kp1, const float *bias1, int post1, int64_t n1, const void *wp2,
-                   const float *sw2, int64_t nblocks2, int64_t kp2, const float *bias2, const uint16_t *res,
-                   int64_t n2, uint16_t *y, int threads) {
-  if (m <= 64) return -2;
-  const gemm_t g1 = {wp1, sw1, nblocks1, kp1, bias1, post1, NULL, n1}, g2 = {wp2, sw2, nblocks2, kp2, bias2, 0, res, n2};
-  const int64_t mp = (m + 15) / 16 * 16, per_block = post1 == 1 ? 16 : 32, unit = 64 / per_block;
-  const int64_t units = (nblocks1 + unit - 1) / unit;
-  float *scales1 = malloc((size_t)(m > 0 ? m : 1) * sizeof(float));
-  float *scales2 = malloc((size_t)(m > 0 ? m : 1) * sizeof(float));
-  float *partial = malloc((size_t)2 * threads * GROUP_PREFILL * sizeof(float));
-  char *xa2 = aligned_alloc(64, (size_t)(mp / 16 * (kp2 / 64) * TILE_BYTES));
-  /* each thread's slice as wide as the whole output: the threads the runtime gives may be fewer than asked */
-  uint16_t *hb = aligned_alloc(64, (size_t)threads * GROUP_PREFILL * units * 64 * sizeof(uint16_t));
-  char *xa1 = (scales1 && scales2 && partial && xa2 && hb) ? pack_rows(x, m, k, sx, kp1, 1, scales1, threads) : NULL;
-  int rc = -1;
-  if (xa1) {
-    rc = 0;
-    const dest_t d = {y, n2, 0, 0, 1};
-    #pragma omp parallel num_threads(threads)
-    {
-      const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
-      const int64_t lo = units * tid / nth * unit, hi1 = units * (tid + 1) / nth * unit;
-      const chain_t ch = {hb + tid * GROUP_PREFILL * units * 64, partial, scales2, xa2, kp2 / 64};
-      gemm_body(&g1, xa1, scales1, m, lo, hi1 < nblocks1 ? hi1 : nblocks1, NULL, &ch, tid, nth);
-      _mm_sfence();
-      #pragma omp barrier
-      gemm_body(&g2, xa2, scales2, m, nblocks2 * tid / nth, nblocks2 * (tid + 1) / nth, &d, NULL, tid, nth);
-      _mm_sfence();
-      _tile_release();
-    }
-  }
-  free(xa1);
-  free(xa2);
-  free(hb);
-  free(partial);
-  free(scales1);
-  free(scales2);
-  return rc;
 }

@@ -154,7 +154,7 @@ void edgefm_attention(const float *q, int64_t qb, int64_t qh, int64_t ql, const 
   const int64_t per = edgefm_attention_scratch(lk, d);
   const int64_t dv = (d + 15) / 16, ldv = dv * 16;  /* value rows padded to whole vectors */
   const __mmask16 dtail = tail_mask(d - (dv - 1) * 16);
-  #pragma omp parallel for schedule(static) num_threads(threads)
+  #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t bh = 0; bh < b * h; ++bh) {
     const int64_t bi = bh / h, hi = bh % h, kvh = hi / (h / hkv);
     float *kt = scratch + (int64_t)omp_get_thread_num() * per, *vp = kt + groups * 16 * d, *s = vp + lk * ldv;

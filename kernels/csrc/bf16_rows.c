@@ -19,7 +19,7 @@ static inline __m512 rcp_ps(__m512 x) {
 /* gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3); in place. */
 void edgefm_gelu_tanh_bf16(uint16_t *x, int64_t n, int threads) {
   const int64_t blocks = (n + 15) / 16;
-  #pragma omp parallel for schedule(static) num_threads(threads) if (n >= (1 << 16))
+  #pragma omp parallel for schedule(dynamic, 256) num_threads(threads) if (n >= (1 << 16))
   for (int64_t i = 0; i < blocks; ++i) {
     const __mmask16 m = tail_mask(n - i * 16);
     const __m512 v = load_bf16(x + i * 16, m);
@@ -34,7 +34,7 @@ void edgefm_gelu_tanh_bf16(uint16_t *x, int64_t n, int threads) {
 
 /* out[r, j] = silu(y[r, j]) * y[r, inner + j] for y [rows, 2 * inner] (gate | up), out [rows, inner]. */
 void edgefm_silu_glu_bf16(const uint16_t *y, int64_t rows, int64_t inner, uint16_t *out, int threads) {
-  #pragma omp parallel for schedule(static) num_threads(threads) if (rows * inner >= (1 << 16))
+  #pragma omp parallel for schedule(dynamic, 8) num_threads(threads) if (rows * inner >= (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t *g = y + r * 2 * inner, *u = g + inner;
     uint16_t *o = out + r * inner;
@@ -51,7 +51,7 @@ void edgefm_silu_glu_bf16(const uint16_t *y, int64_t rows, int64_t inner, uint16
  * statistics, y = bf16(w * n); x, y [rows, h] contiguous, w [h] bf16. */
 void edgefm_rms_norm_bf16(const uint16_t *x, const uint16_t *w, int64_t rows, int64_t h, float eps, uint16_t *y,
                           int threads) {
-  #pragma omp parallel for schedule(static) num_threads(threads) if (rows * h >= (1 << 16))
+  #pragma omp parallel for schedule(dynamic, 32) num_threads(threads) if (rows * h >= (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t *xr = x + r * h;
     uint16_t *yr = y + r * h;
@@ -73,7 +73,7 @@ void edgefm_rms_norm_bf16(const uint16_t *x, const uint16_t *w, int64_t rows, in
  * x, y [rows, h] contiguous, w, b [h] fp32. */
 void edgefm_layer_norm_bf16(const uint16_t *x, const float *w, const float *b, int64_t rows, int64_t h, float eps,
                             uint16_t *y, int threads) {
-  #pragma omp parallel for schedule(static) num_threads(threads) if (rows * h >= (1 << 16))
+  #pragma omp parallel for schedule(dynamic, 32) num_threads(threads) if (rows * h >= (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t *xr = x + r * h;
     uint16_t *yr = y + r * h;
@@ -102,7 +102,7 @@ void edgefm_layer_norm_bf16(const uint16_t *x, const float *w, const float *b, i
 void edgefm_rope_bf16(const uint16_t *x, int64_t sb, int64_t sl, int64_t sh, int64_t b, int64_t l, int64_t nh,
                       int64_t d, const float *cos, const float *sin, uint16_t *out, int threads) {
   const int64_t half = d / 2;
-  #pragma omp parallel for schedule(static) num_threads(threads) if (b * l * nh * d >= (1 << 16))
+  #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if (b * l * nh * d >= (1 << 16))
   for (int64_t bl = 0; bl < b * l; ++bl) {
     const int64_t bi = bl / l, li = bl % l;
     const float *c = cos + bl * half, *s = sin + bl * half;

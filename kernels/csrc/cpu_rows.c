@@ -13,7 +13,7 @@
 
 /* y[r] = w * (x[r] * (1 / sqrt(mean(x[r]^2) + eps))) for rows r < rows; x, y [rows, h] contiguous. */
 void edgefm_rms_norm(const float *x, const float *w, int64_t rows, int64_t h, float eps, float *y, int threads) {
-  #pragma omp parallel for schedule(static) num_threads(threads) if (rows * h >= (1 << 18))
+  #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if (rows * h >= (1 << 18))
   for (int64_t r = 0; r < rows; ++r) {
     const float *xr = x + r * h;
     float *yr = y + r * h;
@@ -37,7 +37,7 @@ void edgefm_rms_norm(const float *x, const float *w, int64_t rows, int64_t h, fl
 void edgefm_rope(const float *x, int64_t sb, int64_t sl, int64_t sh, int64_t b, int64_t l, int64_t nh, int64_t d,
                  const float *cos, const float *sin, float *out, int threads) {
   const int64_t half = d / 2;
-  #pragma omp parallel for schedule(static) num_threads(threads) if (b * l * nh * d >= (1 << 18))
+  #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if (b * l * nh * d >= (1 << 18))
   for (int64_t bl = 0; bl < b * l; ++bl) {
     const int64_t bi = bl / l, li = bl % l;
     const float *c = cos + bl * half, *s = sin + bl * half;

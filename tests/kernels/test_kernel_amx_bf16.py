@@ -60,6 +60,24 @@ def test_amx_attention_vision_shape_from_a_fused_qkv(gen):
 
 
 @needs_amx
+def test_amx_attention_gives_the_same_bits_for_any_thread_count(gen):
+    """The blocks of query rows are shared out a few at a time (a preempted thread's share is taken by the
+    other): each is made once, the same way, whatever the number of threads."""
+    q = torch.randn(2, 6, 77, 64, generator=gen).bfloat16()
+    k, v = (torch.randn(2, 2, 90, 64, generator=gen).bfloat16() for _ in range(2))
+    mask = torch.rand(2, 77, 90, generator=gen) < 0.7
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = amx_attention.attention(q, k, v, mask)
+        for threads in (2, 3, 5):
+            torch.set_num_threads(threads)
+            assert torch.equal(amx_attention.attention(q, k, v, mask), one), threads
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_amx
 def test_amx_attention_refuses_what_it_cannot_serve():
     q = torch.randn(1, 2, 4, 32).bfloat16()
     with pytest.raises(ValueError, match="head size 64"):

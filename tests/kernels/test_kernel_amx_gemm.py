@@ -216,78 +216,23 @@ def test_mlp_with_a_residual_is_the_residual_plus_the_mlp(impl_id, params, gen):
         assert _rel(out, ref) <= BOUND["int8" if impl_id == "int8_amx" else "bf16"]
 
 
-def _mlp_weights(act, h, inner, gen):
-    """AmxWeights of an MLP's two GEMMs (int8): SigLIP's fc1 with a bias and GELU, or Llama's stacked gate/up."""
-    if act == "gelu_tanh":
-        first = amx_gemm.AmxWeight(torch.randn(inner, h, generator=gen) / h ** 0.5, torch.randn(inner, generator=gen),
-                                   "gelu_tanh", "int8")
-        b2 = torch.randn(h, generator=gen)
-    else:
-        first = amx_gemm.AmxWeight(torch.randn(2 * inner, h, generator=gen) / h ** 0.5, None, "silu_glu", "int8")
-        b2 = None
-    return first, amx_gemm.AmxWeight(torch.randn(h, inner, generator=gen) / inner ** 0.5, b2, "none", "int8")
-
-
 @needs_amx
-@pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("act,m,h,inner", [("gelu_tanh", 65, 96, 200), ("gelu_tanh", 150, 768, 3072),
-                                           ("silu_glu", 97, 64, 72), ("silu_glu", 257, 960, 2560)])
-def test_chained_mlp_is_bitwise_the_two_calls(act, m, h, inner, threads, gen):
-    """amx_gemm.chain quantises the first GEMM's rows for the second inside one call: the same bits as the two
-    calls (rows around the 48-row groups and 16-row blocks, inner widths that are not a multiple of 64, one
-    thread or several, each taking the first GEMM's columns in runs of 64), with and without a residual, and
-    a row holding a NaN gives a NaN row there as in the two calls."""
-    first, second = _mlp_weights(act, h, inner, gen)
-    x = torch.randn(m, h, generator=gen).bfloat16()
-    x[m // 2, 3] = float("nan")
-    res = torch.randn(m, h, generator=gen).bfloat16()
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for r in (None, res):
-            two = second(first(x), r)
-            one = amx_gemm.chain(first, second, x, r)
-            assert one.isnan().any(dim=1).tolist() == [i == m // 2 for i in range(m)]
-            assert torch.equal(one.nan_to_num(), two.nan_to_num())
-    finally:
-        torch.set_num_threads(old)
-
-
-@needs_amx
-def test_chained_mlp_refuses_what_it_does_not_serve(gen):
-    first, second = _mlp_weights("gelu_tanh", 64, 128, gen)
-    x = torch.randn(80, 64, generator=gen).bfloat16()
-    with pytest.raises(ValueError, match="at least"):
-        amx_gemm.chain(first, second, x[:64])
-    with pytest.raises(ValueError, match="activation then a plain"):
-        amx_gemm.chain(second, first, torch.randn(80, 128, generator=gen).bfloat16())
-    with pytest.raises(ValueError, match="int8"):
-        amx_gemm.chain(first, amx_gemm.AmxWeight(torch.randn(64, 128, generator=gen), None, "none", "bf16"), x)
-    with pytest.raises(ValueError, match="bf16"):
-        amx_gemm.chain(first, second, x.float())
-    with pytest.raises(ValueError, match="residual"):
-        amx_gemm.chain(first, second, x, torch.randn(80, 63, generator=gen).bfloat16())
-
-
-@needs_amx
-def test_int8_amx_mlp_chains_the_prefill_and_calls_twice_for_the_decode(monkeypatch, gen):
-    """The registered int8_amx MLP takes the chained kernel for many rows and the two calls for a decode's 50;
-    both give the two calls' bits."""
-    from edgefm_kernels.registry import OpSpec, get_impl
-
-    h, inner = 64, 192
-    weights = {"fc1": (torch.randn(inner, h, generator=gen) / h ** 0.5, torch.randn(inner, generator=gen)),
-               "fc2": (torch.randn(h, inner, generator=gen) / inner ** 0.5, torch.randn(h, generator=gen))}
-    spec = OpSpec("mlp", "vision.layers.0.mlp", "vision_mlp", "prefill", f"gelu_tanh:{h}x{inner}",
-                  "cpu_x86_avx512_bf16", dims={"hidden": h, "inner": inner})
-    mlp = get_impl("mlp", "int8_amx").build(spec, {}, weights=weights, act="gelu_tanh")
-    chained = []
-    real = amx_gemm.chain
-    monkeypatch.setattr(amx_gemm, "chain", lambda *a: chained.append(a[2].shape[0]) or real(*a))
-    for rows in (50, 3 * 100):
-        x = torch.randn(1, rows, h, generator=gen).bfloat16()
-        res = torch.randn(1, rows, h, generator=gen).bfloat16()
-        out = mlp(x, residual=res)
-        two = mlp.second.kernel(mlp.first.kernel(x[0]), res[0])
-        assert out.shape == res.shape and torch.equal(out[0], two)
-    assert chained == [300]
+@pytest.mark.parametrize("m,n", [(50, 4096), (150, 200), (3, 40)])
+def test_shared_out_work_gives_the_same_bits_for_any_thread_count(m, n, gen):
+    """The threads share out (column range, row group) units as they go (a preempted thread's share is taken
+    by the other): every output is made once, the same way, whatever the number of threads, more threads than
+    cores or than column ranges included."""
+    for weights in ("bf16", "int8"):
+        kern = amx_gemm.AmxWeight(torch.randn(n, 96, generator=gen), torch.randn(n, generator=gen), "gelu_tanh",
+                                  weights)
+        x = torch.randn(m, 96, generator=gen).bfloat16()
+        res = torch.randn(m, n, generator=gen).bfloat16()
+        old = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            one = kern(x, res)
+            for threads in (2, 3, 5):
+                torch.set_num_threads(threads)
+                assert torch.equal(kern(x, res), one), (weights, threads)
+        finally:
+            torch.set_num_threads(old)
