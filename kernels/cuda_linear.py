@@ -42,7 +42,11 @@ class LinearGroupFp8(nn.Module):
         self.w_t, self.w_scale = q.t(), scale.t().contiguous()  # [K, N] column-major, [1, N]
         self.b = None if b is None else b.to(device=device, dtype=torch.bfloat16)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        if residual is not None:
+            if len(self.sizes) != 1:
+                raise ValueError(f"a residual is added to a one-weight linear, this group has {len(self.sizes)} outputs")
+            return residual + self.forward(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         xq, xs = quantize_fp8(x2, dim=1)  # per token: [M, K], [M, 1]

@@ -1,7 +1,9 @@
 """Linear projections, as groups that share one input: ``y_i = x W_i^T + b_i``.
 
 ``impl.build(spec, params, weights=[(W [out_i, in], b [out_i] | None), ...])`` -> module whose
-``forward(x [..., in])`` returns one tensor per weight (a tuple when there are several), in x's dtype.
+``forward(x [..., in], residual=None)`` returns one tensor per weight (a tuple when there are several), in x's
+dtype; a one-weight group takes ``residual`` [..., out] and returns ``residual + y`` (our AMX GEMMs add it in
+their epilogue, the others after).
 Grouping is what lets a fused implementation run Q/K/V or gate/up as one GEMM. Outputs may be views
 (of one fused GEMM result) with a unit stride in the last dimension.
 """
@@ -24,6 +26,11 @@ def _unpack(outs: list[torch.Tensor]):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def _one_output(sizes: Sequence[int]) -> None:
+    if len(sizes) != 1:
+        raise ValueError(f"a residual is added to a one-weight linear, this group has {len(sizes)} outputs")
+
+
 class LinearGroupRef(nn.Module):
     """Reference: one F.linear per weight, weights used as given (memory-mapped, never copied)."""
 
@@ -32,7 +39,10 @@ class LinearGroupRef(nn.Module):
         self.weights = [w for w, _ in weights]
         self.biases = [b for _, b in weights]
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        if residual is not None:
+            _one_output(self.weights)
+            return residual + F.linear(x, self.weights[0], self.biases[0])
         return _unpack([F.linear(x, w, b) for w, b in zip(self.weights, self.biases)])
 
 
@@ -55,10 +65,16 @@ class LinearGroupFused(nn.Module):
         self.gemm = gemm(lambda: concat(sources, weight_dtype or dtype), "none")
         release_pages([t for pair in sources for t in pair if t is not None])
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        if residual is not None:
+            _one_output(self.sizes)
+            if x.dtype == residual.dtype == self.dtype and getattr(self.gemm, "takes_residual", False):
+                return self.gemm(x, residual)  # added in the kernel's epilogue, one rounding
         y = self.gemm(x if x.dtype == self.dtype else x.to(self.dtype))
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
+        if residual is not None:
+            return residual + y
         return y if len(self.sizes) == 1 else tuple(y.split(self.sizes, dim=-1))
 
 

@@ -59,5 +59,5 @@ class ExpertLayer(nn.Module):
             v = v.view(b, c, self.kv_heads, self.head_dim).transpose(1, 2)
             k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
         a = self.attn(q, k, v, mask)
-        x = x + self.o(a.transpose(1, 2).reshape(b, c, -1))
+        x = self.o(a.transpose(1, 2).reshape(b, c, -1), residual=x)
         return self.mlp(self.norm2(x), residual=x)

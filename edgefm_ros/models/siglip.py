@@ -29,7 +29,7 @@ class SiglipLayer(nn.Module):
         b, n, h = x.shape
         q, k, v = (t.view(b, n, self.heads, self.head_dim).transpose(1, 2) for t in self.qkv(self.norm1(x)))
         a = self.attn(q, k, v, None).transpose(1, 2).reshape(b, n, h)
-        x = x + self.out(a)
+        x = self.out(a, residual=x)
         return self.mlp(self.norm2(x), residual=x)
 
 

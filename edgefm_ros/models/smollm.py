@@ -42,7 +42,7 @@ class LlamaLayer(nn.Module):
     def finish(self, x, attn_out):
         """Residual + o_proj + MLP block. attn_out [B, Hq, L, D]."""
         b, _, n, _ = attn_out.shape
-        x = x + self.o(attn_out.transpose(1, 2).reshape(b, n, -1))
+        x = self.o(attn_out.transpose(1, 2).reshape(b, n, -1), residual=x)
         return self.mlp(self.norm2(x), residual=x)
 
 

@@ -124,19 +124,20 @@ class OpProbe:
 
 def observe(op, record: Callable[[tuple, object, float], None], clock: Callable[[], float] = time.perf_counter):
     """``op`` calling ``record(args, out, t0)`` after each of its calls (``t0``: ``clock()`` at the call's
-    start). An ``nn.Module`` op keeps its type (forward hooks); a plain callable gets a wrapper that passes
-    other attributes (rope's ``tables``) to it."""
+    start; ``args``: the positional arguments, then the keyword ones (a residual) in call order, so that a
+    replay ``op(*args)`` is the same call). An ``nn.Module`` op keeps its type (forward hooks); a plain
+    callable gets a wrapper that passes other attributes (rope's ``tables``) to it."""
     if isinstance(op, nn.Module):
         started: list[float] = []
 
-        def before(mod, args) -> None:
+        def before(mod, args, kwargs) -> None:
             started.append(clock())
 
-        def after(mod, args, out) -> None:  # returns None: the op's output stays
-            record(args, out, started.pop())
+        def after(mod, args, kwargs, out) -> None:  # returns None: the op's output stays
+            record(args + tuple(kwargs.values()), out, started.pop())
 
-        op.register_forward_pre_hook(before)
-        op.register_forward_hook(after)
+        op.register_forward_pre_hook(before, with_kwargs=True)
+        op.register_forward_hook(after, with_kwargs=True)
         return op
     return _Observed(op, record, clock)
 
@@ -148,7 +149,7 @@ class _Observed:
     def __call__(self, *args, **kwargs):
         t0 = self._clock()
         out = self._op(*args, **kwargs)
-        self._record(args, out, t0)
+        self._record(args + tuple(kwargs.values()), out, t0)
         return out
 
     def __getattr__(self, name):

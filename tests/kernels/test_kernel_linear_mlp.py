@@ -59,6 +59,30 @@ def test_linear_matches_reference(variant, group, dtype, gen):
             assert rel_err(o, r) <= bound(impl, dtype), f"{vid(variant)} error {rel_err(o, r):.2e}"
 
 
+@pytest.mark.parametrize("variant,dtype", [(v, d) for v in LINEARS for d in (torch.float32, torch.bfloat16)
+                                           if d == torch.float32 or not v[0].reference],  # the reference: fp32
+                         ids=lambda p: vid(p) if isinstance(p, tuple) else str(p).split(".")[-1])
+def test_linear_with_a_residual_is_the_residual_plus_the_linear(variant, dtype, gen):
+    """A one-weight linear takes ``residual=`` (the attention output projections): our AMX GEMMs add it in
+    their epilogue, the others after the GEMM; within the impl's bound of ``residual + x W^T + b``, the
+    reference bitwise that sum, and a group of several outputs refuses a residual."""
+    impl, params = variant
+    require_impl_here(impl, spec("linear", **{"in": 64}), params)
+    weights = _weights(gen, 64, [(80, True)])
+    x = torch.randn(2, 37, 64, generator=gen).to(dtype)
+    res = torch.randn(2, 37, 80, generator=gen).to(dtype)
+    mod = impl.build(spec("linear"), params, weights=weights)
+    out = mod(x, residual=res)
+    assert out.shape == res.shape and out.dtype == dtype
+    if impl.reference:
+        assert torch.equal(out, res + mod(x))
+    want = res.double() + x.double() @ weights[0][0].double().T + weights[0][1].double()
+    assert rel_err(out, want) <= bound(impl, dtype), f"{vid(variant)} error {rel_err(out, want):.2e}"
+    group = impl.build(spec("linear"), params, weights=_weights(gen, 64, [(40, True), (40, False)]))
+    with pytest.raises(ValueError, match="one-weight"):
+        group(x, residual=res)
+
+
 @pytest.mark.parametrize("variant", LINEARS, ids=vid)
 def test_linear_two_dim_input_and_new_row_count(variant, gen):
     """state_proj style [B, in] inputs, and a row count the packed weights were not made for."""
