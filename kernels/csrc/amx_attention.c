@@ -1,6 +1,6 @@
 /* bf16 attention on Intel AMX (fast mode): softmax(q k^T * scale + mask) v for head size 64.
  *
- * For each (batch, query head, block of 16 query rows):
+ * For each (batch, KV head, block of 16 query rows of the query heads that share it, stacked):
  *   1. S [16, Lk] fp32 = Q K^T on the tiles (bf16 products, fp32 sums), two 16-key blocks at a time;
  *   2. each row: max, E = exp((s - max) * scale) (to 7.7e-5 relative) rounded to bf16 (2^-9, as the reference
  *      rounds its probabilities to the value dtype) and its sum; masked keys get the reference's finfo.min
@@ -25,6 +25,7 @@
 
 #define D 64
 #define GRAB 4 /* blocks of 16 query rows a thread takes at a time (of one head: K and V stay in L2) */
+#define MAX_RANGES 64
 
 static void configure_tiles(void) {
   tile_config c;
@@ -158,9 +159,11 @@ static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp,
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-/* One block of 16 query rows: where it is and its buffers (S fp32, P bf16, the softmax sums). */
+/* One block of 16 query rows of one KV head: the rows of its query heads stacked (GQA: the decode's 3 x 50
+ * rows make 10 blocks instead of 3 x 4 with 14 rows of padding each), each row's head and position, and the
+ * block's buffers (S fp32, P bf16, the softmax sums). */
 typedef struct {
-  int64_t bi, h, q0, rows, kvh;
+  int64_t bi, rows, kvh, head[16], pos[16];
   float *s, sums[16];
   uint16_t *p;
 } qblock;
@@ -170,7 +173,7 @@ static void softmax_rows(qblock *blk, int64_t r0, int64_t r1, const uint8_t *mas
                          int64_t lkp, float scale) {
   for (int64_t r = r0; r < r1; ++r) {
     if (r < blk->rows)
-      blk->sums[r] = softmax_row(blk->s + r * lkp, mask ? mask + (blk->bi * lq + blk->q0 + r) * lk : NULL, lk, lkp,
+      blk->sums[r] = softmax_row(blk->s + r * lkp, mask ? mask + (blk->bi * lq + blk->pos[r]) * lk : NULL, lk, lkp,
                                  scale, blk->p + r * lkp);
     else
       memset(blk->p + r * lkp, 0, lkp * sizeof(uint16_t));
@@ -202,11 +205,11 @@ static void pv_block(const qblock *blk, const uint16_t *vt, int64_t lkp, float *
   _tile_stored(5, ob + 16, D * sizeof(float));
   _tile_stored(6, ob + 32, D * sizeof(float));
   _tile_stored(7, ob + 48, D * sizeof(float));
-  uint16_t *o = out + blk->bi * os[0] + blk->h * os[1] + blk->q0 * os[2];
   for (int64_t r = 0; r < blk->rows; ++r) {
+    uint16_t *o = out + blk->bi * os[0] + blk->head[r] * os[1] + blk->pos[r] * os[2];
     const __m512 inv = _mm512_set1_ps(1.0f / blk->sums[r]);
     for (int j = 0; j < D; j += 32)
-      _mm512_storeu_si512(o + r * os[2] + j,
+      _mm512_storeu_si512(o + j,
                           (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_load_ps(ob + r * D + j + 16), inv),
                                                        _mm512_mul_ps(_mm512_load_ps(ob + r * D + j), inv)));
   }
@@ -221,7 +224,8 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
                           int64_t hkv, int64_t lq, int64_t lk, float scale, uint16_t *out, const int64_t *os,
                           uint16_t *work,
                           int threads) {
-  const int64_t lkp = (lk + 31) / 32 * 32, per = lkp * D, groups = hq / hkv, qblocks = (lq + 15) / 16;
+  const int64_t lkp = (lk + 31) / 32 * 32, per = lkp * D, groups = hq / hkv, stacked = groups * lq,
+                qblocks = (stacked + 15) / 16;
   uint16_t *kp = work, *vp = work + b * hkv * per;
   #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t bh = 0; bh < b * hkv; ++bh) {
@@ -229,7 +233,10 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
     pack_k(k + bi * ks[0] + h * ks[1], ks[2], lk, lkp, kp + bh * per);
     pack_v(v + bi * vs[0] + h * vs[1], vs[2], lk, lkp, vp + bh * per);
   }
-  int64_t next = 0; /* the next block of 16 query rows to take (atomic adds, GRAB at a time) */
+  /* the blocks in one contiguous range per thread; a thread takes GRAB at a time from its own range, then
+   * from the others' (atomic counts of the blocks taken from each) */
+  const int64_t ranges = threads < MAX_RANGES ? (threads > 0 ? threads : 1) : MAX_RANGES;
+  int64_t taken[MAX_RANGES] = {0};
   #pragma omp parallel num_threads(threads)
   {
     configure_tiles();
@@ -243,27 +250,39 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
     }
     uint16_t qb[16 * D] __attribute__((aligned(64)));
     float ob[16 * D] __attribute__((aligned(64)));
-    const int64_t total = b * hq * qblocks, steps = lkp / 32;
+    const int64_t total = b * hkv * qblocks, steps = lkp / 32;
     /* item i: its scores on the tiles with the first half of block i-1's softmax between them, then block
      * i-2's P V with the second half between its steps */
     qblock *prev = NULL, *prev2 = NULL;
     /* the blocks are shared out a few at a time, not split in halves up front: a thread that another process
      * preempts leaves its share to the other (a static split made the other wait at the end) */
-    for (int64_t item = 0, grabbed = 0, mine = 0;; ++mine) {
-      if (++item >= grabbed) {
-        item = __atomic_fetch_add(&next, GRAB, __ATOMIC_RELAXED);
-        if (item >= total) break;
-        grabbed = item + GRAB < total ? item + GRAB : total;
+    const int64_t own = ranges * omp_get_thread_num() / omp_get_num_threads();
+    for (int64_t item = 0, grabbed = 0, mine = 0, k = 0;; ++mine) {
+      if (++item >= grabbed) { /* the next GRAB blocks of this range, or of the next one with some left */
+        for (item = -1; k < ranges; ++k) {
+          const int64_t u = (own + k) % ranges, lo = total * u / ranges, hi = total * (u + 1) / ranges;
+          const int64_t first = lo + __atomic_fetch_add(&taken[u], GRAB, __ATOMIC_RELAXED);
+          if (first < hi) {
+            item = first;
+            grabbed = first + GRAB < hi ? first + GRAB : hi;
+            break;
+          }
+        }
+        if (item < 0) break;
       }
       qblock *cur = &blk[mine % 3]; /* this thread's blocks in turn: the pipeline's three buffers */
-      cur->bi = item / (hq * qblocks);
-      cur->h = item / qblocks % hq;
-      cur->q0 = item % qblocks * 16;
-      cur->rows = lq - cur->q0 < 16 ? lq - cur->q0 : 16;
-      cur->kvh = cur->bi * hkv + cur->h / groups;
-      for (int64_t r = 0; r < 16; ++r) {  /* the block's queries, zero rows past lq */
-        if (r < cur->rows) memcpy(qb + r * D, q + cur->bi * qs[0] + cur->h * qs[1] + (cur->q0 + r) * qs[2], D * sizeof(uint16_t));
-        else memset(qb + r * D, 0, D * sizeof(uint16_t));
+      cur->bi = item / (hkv * qblocks);
+      const int64_t kh = item / qblocks % hkv, row0 = item % qblocks * 16;
+      cur->rows = stacked - row0 < 16 ? stacked - row0 : 16;
+      cur->kvh = cur->bi * hkv + kh;
+      for (int64_t r = 0; r < 16; ++r) {  /* the block's queries, zero rows past the last */
+        if (r < cur->rows) {
+          cur->head[r] = kh * groups + (row0 + r) / lq;
+          cur->pos[r] = (row0 + r) % lq;
+          memcpy(qb + r * D, q + cur->bi * qs[0] + cur->head[r] * qs[1] + cur->pos[r] * qs[2], D * sizeof(uint16_t));
+        } else {
+          memset(qb + r * D, 0, D * sizeof(uint16_t));
+        }
       }
       const uint16_t *kt = kp + cur->kvh * per;
       float *sc = cur->s;
