@@ -93,7 +93,7 @@ static void panel_product(const float *x, int64_t m, int64_t k, const float *p, 
 void edgefm_panel_gemm(const float *x, int64_t m, int64_t k, const float *p, int64_t n, const float *bias,
                        float *y, int threads) {
   const int64_t panels = (n + NR - 1) / NR;
-  #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  #pragma omp parallel for schedule(guided) num_threads(threads)
   for (int64_t q = 0; q < panels; ++q)
     panel_product(x, m, k, p, q, panels, bias ? bias + q * NR : 0, y + q * NR, n,
                   (int)(n - q * NR < NR ? n - q * NR : NR));
@@ -106,7 +106,7 @@ void edgefm_panel_gemm(const float *x, int64_t m, int64_t k, const float *p, int
 void edgefm_panel_glu(const float *x, int64_t m, int64_t k, const float *p, int64_t n, float *tmp, float *h,
                       int threads) {
   const int64_t pairs = (n + NR - 1) / NR, panels = 2 * pairs, ldt = panels * NR;
-  #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  #pragma omp parallel for schedule(guided) num_threads(threads)
   for (int64_t j = 0; j < pairs; ++j) {
     const int ncols = (int)(n - j * NR < NR ? n - j * NR : NR);
     float *g = tmp + 2 * j * NR, *u = g + NR;
