@@ -225,13 +225,13 @@ static void gemm_group(const gemm_t *g, int64_t r0, int64_t lo, int64_t hi) {
   configure_group(rows, group);
   int64_t pend = -1, done = 0, step = 0; /* the block whose epilogue is under way, its rows done */
   const int64_t total = 2 * ksteps;
-#define EPILOGUE_SLICE()                                                                                   \
-  if (pend >= 0) {                                                                                     \
-    const int64_t to = ++step * rows / total;                                                          \
-    if (to > done) {                                                                                   \
-      epilogue(acc[pend & 1], done, to, r0, pend, post, bias, sw, scales, res, n_out, y, m > 64);           \
-      done = to;                                                                                       \
-    }                                                                                                  \
+#define EPILOGUE_SLICE()                                                                          \
+  if (pend >= 0) {                                                                                \
+    const int64_t to = ++step * rows / total;                                                     \
+    if (to > done) {                                                                              \
+      epilogue(acc[pend & 1], done, to, r0, pend, post, bias, sw, scales, res, n_out, y, m > 64); \
+      done = to;                                                                                  \
+    }                                                                                             \
   }
   for (int64_t nb = lo; nb < hi; ++nb) {
     step = 0;
