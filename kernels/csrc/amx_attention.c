@@ -55,7 +55,8 @@ static inline void transpose16_epi32(__m512i r[16]) {
     r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
     r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
   }
-  /* each 128-bit lane k of r[4a + b] now holds rows 4a .. 4a + 3 of column group 4k + b' (b' = 0, 2, 1, 3) */
+  /* each 128-bit lane now holds one 4-word column group of four consecutive rows; two rounds of 128-bit
+   * shuffles put the groups of a column in order */
   for (int i = 0; i < 4; ++i) {
     t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0x88);
     t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0xDD);
@@ -254,8 +255,9 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
     /* item i: its scores on the tiles with the first half of block i-1's softmax between them, then block
      * i-2's P V with the second half between its steps */
     qblock *prev = NULL, *prev2 = NULL;
-    /* the blocks are shared out a few at a time, not split in halves up front: a thread that another process
-     * preempts leaves its share to the other (a static split made the other wait at the end) */
+    /* a thread that another process preempts leaves the rest of its range to the other (with the blocks split
+     * in halves up front the other waited at the end; one shared counter for all blocks, without ranges, cost
+     * the decode's small calls 25%) */
     const int64_t own = ranges * omp_get_thread_num() / omp_get_num_threads();
     for (int64_t item = 0, grabbed = 0, mine = 0, k = 0;; ++mine) {
       if (++item >= grabbed) { /* the next GRAB blocks of this range, or of the next one with some left */
