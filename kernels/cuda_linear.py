@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .gemm import concat
+from .linear import one_output
 from .registry import Impl, register
 
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -44,8 +45,7 @@ class LinearGroupFp8(nn.Module):
 
     def forward(self, x, residual=None):
         if residual is not None:
-            if len(self.sizes) != 1:
-                raise ValueError(f"a residual is added to a one-weight linear, this group has {len(self.sizes)} outputs")
+            one_output(self.sizes)
             return residual + self.forward(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])

@@ -170,6 +170,20 @@ class Gemm:
         return torch.ops.mkldnn._linear_pointwise(x2, self.packed(m), self.b, "none", [], "")
 
 
+def with_residual(gemm, x: torch.Tensor, residual: torch.Tensor | None, dtype: torch.dtype,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``gemm(x)`` (a GEMM computing in ``dtype``) in ``out_dtype`` (default x's), ``residual +`` it when given:
+    added in the kernel's epilogue with one rounding where the GEMM ``takes_residual`` and x, the residual
+    and the output are all ``dtype``; else after the GEMM (x cast to ``dtype``, its output back)."""
+    out_dtype = out_dtype or x.dtype
+    if (residual is not None and x.dtype == residual.dtype == dtype == out_dtype
+            and getattr(gemm, "takes_residual", False)):
+        return gemm(x, residual)
+    y = gemm(x if x.dtype == dtype else x.to(dtype))
+    y = y if y.dtype == out_dtype else y.to(out_dtype)
+    return y if residual is None else residual + y
+
+
 def out_features(w: torch.Tensor, post: str) -> int:
     """Output width of a GEMM with weight ``w`` [N, K] and epilogue ``post``."""
     if post == "silu_glu" and w.shape[0] % 2:

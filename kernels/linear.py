@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, BF16_BACKENDS, backend_check, concat, gemm_factory
+from .gemm import BACKENDS, BF16_BACKENDS, backend_check, concat, gemm_factory, with_residual
 from .pages import release_pages
 from .registry import Impl, register
 
@@ -26,7 +26,8 @@ def _unpack(outs: list[torch.Tensor]):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-def _one_output(sizes: Sequence[int]) -> None:
+def one_output(sizes: Sequence) -> None:
+    """A residual goes with a one-weight group only (``sizes``: one entry per weight)."""
     if len(sizes) != 1:
         raise ValueError(f"a residual is added to a one-weight linear, this group has {len(sizes)} outputs")
 
@@ -41,7 +42,7 @@ class LinearGroupRef(nn.Module):
 
     def forward(self, x, residual=None):
         if residual is not None:
-            _one_output(self.weights)
+            one_output(self.weights)
             return residual + F.linear(x, self.weights[0], self.biases[0])
         return _unpack([F.linear(x, w, b) for w, b in zip(self.weights, self.biases)])
 
@@ -67,14 +68,8 @@ class LinearGroupFused(nn.Module):
 
     def forward(self, x, residual=None):
         if residual is not None:
-            _one_output(self.sizes)
-            if x.dtype == residual.dtype == self.dtype and getattr(self.gemm, "takes_residual", False):
-                return self.gemm(x, residual)  # added in the kernel's epilogue, one rounding
-        y = self.gemm(x if x.dtype == self.dtype else x.to(self.dtype))
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
-        if residual is not None:
-            return residual + y
+            one_output(self.sizes)
+        y = with_residual(self.gemm, x, residual, self.dtype)
         return y if len(self.sizes) == 1 else tuple(y.split(self.sizes, dim=-1))
 
 

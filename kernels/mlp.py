@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import BACKENDS, BF16_BACKENDS, EPILOGUES, backend_check, concat, gemm_factory
+from .gemm import BACKENDS, BF16_BACKENDS, EPILOGUES, backend_check, concat, gemm_factory, with_residual
 from .pages import release_pages
 from .registry import Impl, register
 
@@ -67,12 +67,7 @@ class MlpFused(nn.Module):
 
     def forward(self, x, residual=None):
         h = self.first(x if x.dtype == self.dtype else x.to(self.dtype))
-        if (residual is not None and x.dtype == residual.dtype == self.dtype
-                and getattr(self.second, "takes_residual", False)):
-            return self.second(h, residual)  # added in the kernel's epilogue, one rounding
-        y = self.second(h)
-        y = y if y.dtype == x.dtype else y.to(x.dtype)
-        return y if residual is None else residual + y
+        return with_residual(self.second, h, residual, self.dtype, out_dtype=x.dtype)
 
 
 def _fused(dtype: torch.dtype):

@@ -30,6 +30,10 @@
 #include "vec_math.h"
 
 #define TILE_BYTES 1024 /* one 16 x 64-byte tile */
+
+/* Rows of x a pass takes: the decode's (m <= 64) all at once, the weight streamed once; the prefill 48, each
+ * A tile in its own register. */
+static inline int64_t group_rows(int64_t m) { return m <= 64 ? 64 : 48; }
 #ifndef PREFETCH_L2
 #define PREFETCH_L2 16
 #endif
@@ -219,8 +223,7 @@ static void gemm_group(const gemm_t *g, int64_t r0, int64_t lo, int64_t hi) {
   /* [block parity][tile][row of the group][16], fp32 or int32 sums: a block's epilogue (vector work) runs
    * a few rows at a time between the next block's K steps (tile work), so the two units overlap */
   float acc[2][2 * 64 * 16] __attribute__((aligned(64)));
-  /* decode (m <= 64): one pass over the weight; the prefill: 48 rows a pass, each A tile in its own register */
-  const int64_t group = m <= 64 ? 64 : 48;
+  const int64_t group = group_rows(m);
   const int64_t rows = (m - r0) < group ? (m - r0) : group, blocks = (rows + 15) / 16;
   configure_group(rows, group);
   int64_t pend = -1, done = 0, step = 0; /* the block whose epilogue is under way, its rows done */
@@ -320,7 +323,8 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
     return -1;
   }
   const gemm_t g = {wp, sw, nblocks, kp, bias, post, res, m, n_out, xa, scales, y};
-  const int64_t ranges = ranges_for(m, nblocks, threads), groups = (m + (m <= 64 ? 64 : 48) - 1) / (m <= 64 ? 64 : 48);
+  const int64_t ranges = ranges_for(m, nblocks, threads), group = group_rows(m),
+                groups = (m + group - 1) / group;
   int64_t next[MAX_RANGES] = {0}; /* the next row group of each column range (atomic adds) */
   #pragma omp parallel num_threads(threads)
   {
@@ -328,7 +332,7 @@ int edgefm_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t sx, const v
     for (int64_t i = 0; i < ranges; ++i) {
       const int64_t u = (first + i) % ranges, lo = nblocks * u / ranges, hi = nblocks * (u + 1) / ranges;
       for (int64_t gi; lo < hi && (gi = __atomic_fetch_add(&next[u], 1, __ATOMIC_RELAXED)) < groups;)
-        gemm_group(&g, gi * (m <= 64 ? 64 : 48), lo, hi);
+        gemm_group(&g, gi * group, lo, hi);
     }
     _mm_sfence(); /* the streamed lines visible before the caller reads y */
     _tile_release();
