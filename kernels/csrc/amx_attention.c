@@ -2,13 +2,16 @@
  *
  * For each (batch, KV head, block of 16 query rows of the query heads that share it, stacked):
  *   1. S [16, Lk] fp32 = Q K^T on the tiles (bf16 products, fp32 sums), two 16-key blocks at a time;
- *   2. each row: max, E = exp((s - max) * scale) (to 7.7e-5 relative) rounded to bf16 (2^-9, as the reference
- *      rounds its probabilities to the value dtype) and its sum; masked keys get the reference's finfo.min
- *      score (a row with no visible key is uniform), keys past Lk get exactly 0;
+ *      Right after each pair of tiles is stored (still in L1), masked keys get the reference's finfo.min
+ *      score and each row's running maximum is updated: the softmax does not read S a second time;
+ *   2. each row: E = exp((s - max) * scale) (to 7.7e-5 relative) rounded to bf16 (2^-9, as the reference
+ *      rounds its probabilities to the value dtype) and its sum (a row with no visible key is uniform), keys
+ *      past Lk get exactly 0;
  *   3. O [16, 64] = (E V on the tiles) / sum, rounded to bf16 (one pass over E instead of two).
  * K and V are packed once per call and KV head into the tiles' VNNI layout (pairs of the reduction index
  * side by side): K as 16-key x 32-dim tiles, V as 32-key x 16-dim tiles, zero past Lk.
- * Every tile is 16 rows x 64 bytes; tiles 0-1 hold A operands, 2-3 B operands, 4-7 accumulators.
+ * Every tile is 16 rows x 64 bytes; tiles 0-1 hold A operands, 2-3 B operands, 4-7 accumulators. The rows of
+ * S and P are padded by 64 bytes: with S's 4 KB row stride a tile's 16 rows all fell in one L1 set.
  * Steps 1 and 3 run on the tiles, step 2 on the vector units: each thread pipelines its blocks so that block
  * i's step 1 and block i-2's step 3 have block i-1's softmax rows between their key steps, and the two units
  * overlap (vision shape: 12.7 -> 9.8 ms a layer for three cameras, the softmax alone ~6).
@@ -26,6 +29,8 @@
 #define D 64
 #define GRAB 4 /* blocks of 16 query rows a thread takes at a time (of one head: K and V stay in L2) */
 #define MAX_RANGES 64
+#define S_PAD 16 /* floats past each row of S, and bf16 past each row of P: rows in different L1 sets */
+#define P_PAD 32
 
 static void configure_tiles(void) {
   tile_config c;
@@ -104,52 +109,43 @@ static void pack_v(const uint16_t *v, int64_t sv, int64_t lk, int64_t lkp, uint1
     }
 }
 
-/* 2^t for the softmax's t <= 0, clamped at -100 (results stay normal numbers): t = n + f, |f| <= 1/2, a
- * degree-3 fit of 2^f (7.7e-5 relative; P is rounded to bf16, 3.9e-3, right after). */
+/* 2^t for the softmax's t <= 0: f = t - floor(t) in [0, 1) (one vreduceps), a degree-3 fit of 2^f (7.7e-5
+ * relative; P is rounded to bf16, 3.9e-3, right after), times 2^floor(t) (vscalefps). The caller runs with
+ * FTZ/DAZ: results below 2^-126 are zero, never slow denormals. */
 static inline __m512 exp2_softmax_ps(__m512 t) {
-  t = _mm512_max_ps(t, _mm512_set1_ps(-100.0f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(0.05508868396282196f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24260404706001282f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932762265205383f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999289512634277f));
-  return _mm512_scalef_ps(p, n);
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(0.07790716f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.22623319f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69577708f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992785f));
+  return _mm512_scalef_ps(p, t);
 }
 
-/* One row of scores s [lk] (fp32, unscaled) -> p [lkp] bf16 = exp((s - max) * scale), zero past lk; returns
- * the sum of the exponentials (the caller divides the row's P V by it). mask: uint8 [lk] or NULL. */
-static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp, float scale, uint16_t *p) {
-  if (mask != NULL) { /* the reference fills finfo.min after scaling; any scale > 0 keeps it lowest */
-    const __m512 lowest = _mm512_set1_ps(-FLT_MAX);
-    for (int64_t j = 0; j < lk; j += 16) {
-      const __mmask16 m = tail_mask(lk - j);
-      const __mmask16 seen = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(m, mask + j), _mm_set1_epi8(-1));
-      _mm512_mask_storeu_ps(s + j, m & ~seen, lowest);
-    }
-  }
-  /* four running maxima and two sums: one chain would wait on the previous vector's max/add latency */
-  __m512 mx0 = _mm512_set1_ps(-FLT_MAX), mx1 = mx0, mx2 = mx0, mx3 = mx0;
-  int64_t j = 0;
-  for (; j + 64 <= lk; j += 64) {
-    mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(s + j));
-    mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(s + j + 16));
-    mx2 = _mm512_max_ps(mx2, _mm512_loadu_ps(s + j + 32));
-    mx3 = _mm512_max_ps(mx3, _mm512_loadu_ps(s + j + 48));
-  }
-  for (; j < lk; j += 16) mx0 = _mm512_mask_max_ps(mx0, tail_mask(lk - j), mx0, _mm512_loadu_ps(s + j));
-  const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(mx0, mx1), _mm512_max_ps(mx2, mx3)));
+/* One row of scores s [lk] (fp32, unscaled; masked keys already at finfo.min) whose maximum is the largest
+ * lane of rowmax [16] -> p [lkp] bf16 = exp((s - max) * scale), zero past lk; returns the sum of the
+ * exponentials (the caller divides the row's P V by it). */
+static float softmax_row(const float *s, const float *rowmax, int64_t lk, int64_t lkp, float scale, uint16_t *p) {
+  const float m = _mm512_reduce_max_ps(_mm512_load_ps(rowmax));
   if (m == -FLT_MAX) {  /* no visible key: uniform weights, as the reference's finfo.min fill gives */
     for (int64_t j = 0; j < lkp; j += 16)
       _mm256_storeu_si256((__m256i *)(p + j), (__m256i)_mm512_cvtneps_pbh(
           _mm512_maskz_mov_ps(j < lk ? tail_mask(lk - j) : 0, _mm512_set1_ps(1.0f))));
     return (float)lk;
   }
-  /* exp((s - max) * scale) = 2^(s c - max c), c = scale * log2(e), one FMA a vector */
+  /* exp((s - max) * scale) = 2^(s c - max c), c = scale * log2(e), one FMA a vector; two sums: one chain
+   * would wait on the previous vector's add */
   const __m512 c = _mm512_set1_ps(scale * 1.4426950408889634f);
   const __m512 mc = _mm512_set1_ps(m * (scale * 1.4426950408889634f));
   __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-  for (j = 0; j < lkp; j += 32) { /* lkp is a multiple of 32 */
+  int64_t j = 0;
+  for (; j + 32 <= lk; j += 32) {
+    const __m512 e0 = exp2_softmax_ps(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), c, mc));
+    const __m512 e1 = exp2_softmax_ps(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), c, mc));
+    acc0 = _mm512_add_ps(acc0, e0);
+    acc1 = _mm512_add_ps(acc1, e1);
+    _mm512_storeu_si512(p + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+  }
+  for (; j < lkp; j += 32) { /* the last keys, lkp a multiple of 32 */
     const __mmask16 t0 = j < lk ? tail_mask(lk - j) : 0, t1 = j + 16 < lk ? tail_mask(lk - j - 16) : 0;
     const __m512 e0 = _mm512_maskz_mov_ps(t0, exp2_softmax_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(t0, s + j), c, mc)));
     const __m512 e1 = _mm512_maskz_mov_ps(t1, exp2_softmax_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(t1, s + j + 16), c, mc)));
@@ -166,33 +162,54 @@ static float softmax_row(float *s, const uint8_t *mask, int64_t lk, int64_t lkp,
 typedef struct {
   int64_t bi, rows, kvh, head[16], pos[16];
   float *s, sums[16];
+  float mx[16 * 16] __attribute__((aligned(64))); /* per row, 16 running maxima of its scores */
   uint16_t *p;
 } qblock;
 
+/* Keys [k0, k0 + 32) of block blk's scores s (row stride ss) were just stored: masked keys get the reference's
+ * finfo.min fill (it comes after the scale, and any scale > 0 keeps it lowest), and each row's running maxima
+ * take them in (keys past lk: not counted). mask: uint8 [B, Lq, Lk] or NULL. */
+static void scores_seen(qblock *blk, float *s, int64_t ss, int64_t k0, const uint8_t *mask, int64_t lq, int64_t lk) {
+  const __mmask16 t0 = k0 < lk ? tail_mask(lk - k0) : 0, t1 = k0 + 16 < lk ? tail_mask(lk - k0 - 16) : 0;
+  const __m512 lowest = _mm512_set1_ps(-FLT_MAX);
+  for (int64_t r = 0; r < blk->rows; ++r) {
+    float *sr = s + r * ss + k0;
+    if (mask != NULL) {
+      const uint8_t *mr = mask + (blk->bi * lq + blk->pos[r]) * lk + k0;
+      const __mmask16 seen0 = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(t0, mr), _mm_set1_epi8(-1));
+      const __mmask16 seen1 = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(t1, mr + 16), _mm_set1_epi8(-1));
+      _mm512_mask_store_ps(sr, t0 & ~seen0, lowest);
+      _mm512_mask_store_ps(sr + 16, t1 & ~seen1, lowest);
+    }
+    const __m512 m = _mm512_load_ps(blk->mx + r * 16);
+    const __m512 v = _mm512_mask_max_ps(m, t0, m, _mm512_load_ps(sr));
+    _mm512_store_ps(blk->mx + r * 16, _mm512_mask_max_ps(v, t1, v, _mm512_load_ps(sr + 16)));
+  }
+}
+
 /* The softmax of rows [r0, r1) of block `blk` (rows past its end: zero probabilities). */
-static void softmax_rows(qblock *blk, int64_t r0, int64_t r1, const uint8_t *mask, int64_t lq, int64_t lk,
-                         int64_t lkp, float scale) {
+static void softmax_rows(qblock *blk, int64_t r0, int64_t r1, int64_t lk, int64_t lkp, float scale) {
   for (int64_t r = r0; r < r1; ++r) {
     if (r < blk->rows)
-      blk->sums[r] = softmax_row(blk->s + r * lkp, mask ? mask + (blk->bi * lq + blk->pos[r]) * lk : NULL, lk, lkp,
-                                 scale, blk->p + r * lkp);
+      blk->sums[r] = softmax_row(blk->s + r * (lkp + S_PAD), blk->mx + r * 16, lk, lkp, scale,
+                                 blk->p + r * (lkp + P_PAD));
     else
-      memset(blk->p + r * lkp, 0, lkp * sizeof(uint16_t));
+      memset(blk->p + r * (lkp + P_PAD), 0, lkp * sizeof(uint16_t));
   }
 }
 
 /* O = P V / sums for block `blk` (its softmax done), rounded to bf16 into out; between its key steps, rows
  * [r0, r1) of `next`'s softmax (next may be NULL). */
 static void pv_block(const qblock *blk, const uint16_t *vt, int64_t lkp, float *ob, uint16_t *out, const int64_t *os,
-                     qblock *next, int64_t r0, int64_t r1, const uint8_t *mask, int64_t lq, int64_t lk, float scale) {
+                     qblock *next, int64_t r0, int64_t r1, int64_t lk, float scale) {
   _tile_zero(4);
   _tile_zero(5);
   _tile_zero(6);
   _tile_zero(7);
   const int64_t steps = lkp / 32;
   for (int64_t kc = 0; kc < steps; ++kc) {
-    if (next) softmax_rows(next, r0 + kc * (r1 - r0) / steps, r0 + (kc + 1) * (r1 - r0) / steps, mask, lq, lk, lkp, scale);
-    _tile_loadd(0, blk->p + kc * 32, lkp * sizeof(uint16_t));
+    if (next) softmax_rows(next, r0 + kc * (r1 - r0) / steps, r0 + (kc + 1) * (r1 - r0) / steps, lk, lkp, scale);
+    _tile_loadd(0, blk->p + kc * 32, (lkp + P_PAD) * sizeof(uint16_t));
     _tile_loadd(2, vt + (kc * 4 + 0) * 512, 64);
     _tile_loadd(3, vt + (kc * 4 + 1) * 512, 64);
     _tile_dpbf16ps(4, 0, 2);
@@ -240,14 +257,16 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
   int64_t taken[MAX_RANGES] = {0};
   #pragma omp parallel num_threads(threads)
   {
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ and DAZ (restored at the end) */
     configure_tiles();
     /* Software pipeline over this thread's blocks: while the tiles compute a block's scores or P V, the vector
      * units run another block's softmax, a few rows between each pair of key steps (the tile products are
      * long-latency instructions that the vector work after them overlaps). Three S and P buffers. */
     qblock blk[3];
     for (int i = 0; i < 3; ++i) {
-      blk[i].s = aligned_alloc(64, 16 * lkp * sizeof(float));
-      blk[i].p = aligned_alloc(64, 16 * lkp * sizeof(uint16_t));
+      blk[i].s = aligned_alloc(64, 16 * (lkp + S_PAD) * sizeof(float));
+      blk[i].p = aligned_alloc(64, 16 * (lkp + P_PAD) * sizeof(uint16_t));
     }
     uint16_t qb[16 * D] __attribute__((aligned(64)));
     float ob[16 * D] __attribute__((aligned(64)));
@@ -288,6 +307,7 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
       }
       const uint16_t *kt = kp + cur->kvh * per;
       float *sc = cur->s;
+      for (int r = 0; r < 16; ++r) _mm512_store_ps(cur->mx + r * 16, _mm512_set1_ps(-FLT_MAX));
       _tile_loadd(0, qb, 128);
       _tile_loadd(1, qb + 32, 128);
       for (int64_t j = 0; j < steps; ++j) {  /* two key blocks a step (lkp is a multiple of 32) */
@@ -302,21 +322,23 @@ void edgefm_amx_attention(const uint16_t *q, const int64_t *qs, const uint16_t *
         _tile_loadd(3, kt + (kb * 2 + 3) * 512, 64);
         _tile_dpbf16ps(4, 1, 2);
         _tile_dpbf16ps(5, 1, 3);
-        _tile_stored(4, sc + kb * 16, lkp * sizeof(float));
-        _tile_stored(5, sc + kb * 16 + 16, lkp * sizeof(float));
-        if (prev) softmax_rows(prev, j * 8 / steps, (j + 1) * 8 / steps, mask, lq, lk, lkp, scale);
+        _tile_stored(4, sc + kb * 16, (lkp + S_PAD) * sizeof(float));
+        _tile_stored(5, sc + kb * 16 + 16, (lkp + S_PAD) * sizeof(float));
+        scores_seen(cur, sc, lkp + S_PAD, kb * 16, mask, lq, lk);
+        if (prev) softmax_rows(prev, j * 8 / steps, (j + 1) * 8 / steps, lk, lkp, scale);
       }
-      if (prev2) pv_block(prev2, vp + prev2->kvh * per, lkp, ob, out, os, prev, 8, 16, mask, lq, lk, scale);
-      else if (prev) softmax_rows(prev, 8, 16, mask, lq, lk, lkp, scale);
+      if (prev2) pv_block(prev2, vp + prev2->kvh * per, lkp, ob, out, os, prev, 8, 16, lk, scale);
+      else if (prev) softmax_rows(prev, 8, 16, lk, lkp, scale);
       prev2 = prev;
       prev = cur;
     }
-    if (prev2) pv_block(prev2, vp + prev2->kvh * per, lkp, ob, out, os, NULL, 0, 0, mask, lq, lk, scale);
+    if (prev2) pv_block(prev2, vp + prev2->kvh * per, lkp, ob, out, os, NULL, 0, 0, lk, scale);
     if (prev) {
-      softmax_rows(prev, 0, 16, mask, lq, lk, lkp, scale);
-      pv_block(prev, vp + prev->kvh * per, lkp, ob, out, os, NULL, 0, 0, mask, lq, lk, scale);
+      softmax_rows(prev, 0, 16, lk, lkp, scale);
+      pv_block(prev, vp + prev->kvh * per, lkp, ob, out, os, NULL, 0, 0, lk, scale);
     }
     _tile_release();
+    _mm_setcsr(csr);
     for (int i = 0; i < 3; ++i) {
       free(blk[i].s);
       free(blk[i].p);

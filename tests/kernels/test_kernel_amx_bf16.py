@@ -78,6 +78,17 @@ def test_amx_attention_gives_the_same_bits_for_any_thread_count(gen):
 
 
 @needs_amx
+def test_amx_attention_leaves_the_callers_denormals_alone(gen):
+    """The kernel runs its softmax with flush-to-zero (no slow denormal exponentials) and restores the
+    thread's float mode: a denormal product on the calling thread stays denormal afterwards."""
+    tiny = torch.tensor([1e-39], dtype=torch.float32)
+    assert (tiny * 0.5).item() != 0.0
+    q, k, v = (torch.randn(1, 2, 40, 64, generator=gen).bfloat16() for _ in range(3))
+    amx_attention.attention(q, k, v, None)
+    assert (tiny * 0.5).item() != 0.0
+
+
+@needs_amx
 def test_amx_attention_refuses_what_it_cannot_serve():
     q = torch.randn(1, 2, 4, 32).bfloat16()
     with pytest.raises(ValueError, match="head size 64"):
