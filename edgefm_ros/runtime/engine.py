@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from edgefm_kernels.pages import trim_heap
+from edgefm_kernels.pages import MMAP_THRESHOLD, keep_freed_heap, trim_heap
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.types import ActionChunk, Observation
@@ -34,7 +34,6 @@ from .resolver import build_resolver
 from .rtc import RtcConfig, RtcInputs, guidance_weight, guided_velocity, rtc_inputs
 
 log = logging.getLogger(__name__)
-MMAP_THRESHOLD = 32 << 20  # glibc's largest dynamic mmap threshold: bigger allocations are mapped afresh each time
 PREFILL_ROLES = ("vision", "connector", "vlm", "state_proj", "expert_cross_kv")
 
 
@@ -128,6 +127,7 @@ class Engine:
         self.decode_graph_rtc = None  # the same with RTC guidance (RtcInputs of fixed shapes)
         self.weights.file.release()  # resident again only what inference actually reads
         trim_heap()  # the build's freed weight copies back to the kernel
+        keep_freed_heap()  # then each chunk's activations reuse the heap instead of fresh pages
         self.preprocess = Preprocessor(cfg, ckpt.stats, Tokenizer(ckpt.tokenizer_path, cfg.tokenizer_max_length))
         # decode constants: timesteps t_k = 1 + k * euler_dt, their embeddings' share of action_time_mlp_in
         self.euler_dt = -1.0 / cfg.num_steps  # the flow-matching Euler step (not predict's control period)

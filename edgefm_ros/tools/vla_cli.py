@@ -162,7 +162,7 @@ def cmd_tune(args) -> int:
     from edgefm_ros.runtime.tune import tune
 
     return tune(checkpoint=args.checkpoint, vlm_dir=args.vlm, out_path=args.out, budget_s=args.budget_s,
-                dry_run=args.dry_run, resume=not args.no_resume, mode=args.mode,
+                dry_run=args.dry_run, resume=not args.no_resume, mode=args.mode, verbose=args.verbose,
                 vision_position_ids=args.vision_position_ids) or 0
 
 
@@ -231,6 +231,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=600.0)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--no-resume", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="print every candidate's time and error")
     vision_position_ids_arg(p)
     p.set_defaults(fn=cmd_tune)
     p = sub.add_parser("train", help="train a SmolVLA checkpoint on a demonstration dataset (flow matching)")
