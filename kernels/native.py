@@ -4,6 +4,7 @@ loaded with ctypes (which releases the GIL for the call).
     lib = native.load("panel_gemm")      # ctypes.CDLL, or raises NativeError saying why
     native.unavailable("panel_gemm")     # why it cannot run here (no build, or no AVX-512 CPU), or None
     lib = native.bind("panel_gemm", {"fn": ([argtypes], restype)})   # load + C signatures, set once
+    with native.recording(rec): ...      # calls through bind() also reported to rec.native(fn, args, result)
     native.avx512_check(name)            # an ``Impl.check`` for impls built on the kernel
     native.build_all()                   # {name: reason | None} for every csrc/*.c (set-up warms the cache)
 
@@ -15,6 +16,7 @@ OpenMP comes from the libgomp torch already loaded (same soname), so the kernels
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -22,6 +24,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -160,6 +163,38 @@ def unavailable(name: str) -> str | None:
     return None if cap == "AVX512" else f"{name} needs AVX-512 (torch reports CPU capability {cap!r})"
 
 
+_recording = threading.local()  # .rec: the recorder of this thread's calls, if any (runtime/cpu_graph.py)
+
+
+@contextlib.contextmanager
+def recording(rec):
+    """While active, on this thread: every kernel called through ``bind()`` is also reported, after the call,
+    as ``rec.native(fn, args, result)`` (a CPU graph capture replays them)."""
+    prev = getattr(_recording, "rec", None)
+    _recording.rec = rec
+    try:
+        yield rec
+    finally:
+        _recording.rec = prev
+
+
+class _Reported:
+    """A bound library whose function calls are reported to a recorder."""
+
+    def __init__(self, lib: ctypes.CDLL, rec):
+        self._lib, self._rec = lib, rec
+
+    def __getattr__(self, name: str):
+        fn, rec = getattr(self._lib, name), self._rec
+
+        def call(*args):
+            result = fn(*args)
+            rec.native(fn, args, result)
+            return result
+
+        return call
+
+
 def bind(name: str, signatures: dict) -> ctypes.CDLL:
     """``load(name)`` with the C signatures ``{function: ([argtypes], restype)}`` set (once per library)."""
     lib = load(name)
@@ -167,7 +202,8 @@ def bind(name: str, signatures: dict) -> ctypes.CDLL:
         for fn, (args, res) in signatures.items():
             getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, res
         lib._edgefm_bound = True
-    return lib
+    rec = getattr(_recording, "rec", None)
+    return lib if rec is None else _Reported(lib, rec)
 
 
 def amx_unavailable(name: str, signatures: dict) -> str | None:

@@ -63,9 +63,8 @@ class PanelWeight:
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None):
         _check_weight(w)
-        self.lib = _lib()
         self.n, self.k = w.shape
-        self.panels = _pack(self.lib, w)
+        self.panels = _pack(_lib(), w)
         self.bias = None
         if b is not None:
             if tuple(b.shape) != (self.n,):
@@ -79,9 +78,9 @@ class PanelWeight:
         m = x.shape[0]
         y = torch.empty(m, self.n, dtype=torch.float32)
         if m:
-            self.lib.edgefm_panel_gemm(x.data_ptr(), m, self.k, self.panels.data_ptr(), self.n,
-                                       None if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
-                                       torch.get_num_threads())
+            _lib().edgefm_panel_gemm(x.data_ptr(), m, self.k, self.panels.data_ptr(), self.n,
+                                     None if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
+                                     torch.get_num_threads())
         return y
 
 
@@ -95,11 +94,10 @@ class PanelGlu:
             _check_weight(w)
         if w_gate.shape != w_up.shape:
             raise ValueError(f"gate and up weights differ in shape: {tuple(w_gate.shape)} vs {tuple(w_up.shape)}")
-        self.lib = _lib()
         self.n, self.k = w_gate.shape
         pairs = (self.n + PANEL - 1) // PANEL
-        gate = _pack(self.lib, w_gate).view(pairs, 1, -1)
-        up = _pack(self.lib, w_up).view(pairs, 1, -1)
+        gate = _pack(_lib(), w_gate).view(pairs, 1, -1)
+        up = _pack(_lib(), w_up).view(pairs, 1, -1)
         self.panels = torch.cat([gate, up], dim=1).view(-1)  # [pairs, (gate, up), K * 32]
         del gate, up
         if self.panels.data_ptr() % 64:
@@ -113,6 +111,6 @@ class PanelGlu:
         tmp = torch.empty(m, 2 * pairs * PANEL, dtype=torch.float32)
         h = torch.empty(m, self.n, dtype=torch.float32)
         if m:
-            self.lib.edgefm_panel_glu(x.data_ptr(), m, self.k, self.panels.data_ptr(), self.n, tmp.data_ptr(),
-                                      h.data_ptr(), torch.get_num_threads())
+            _lib().edgefm_panel_glu(x.data_ptr(), m, self.k, self.panels.data_ptr(), self.n, tmp.data_ptr(),
+                                    h.data_ptr(), torch.get_num_threads())
         return h

@@ -27,6 +27,7 @@ from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.types import ActionChunk, Observation
 
 from .checkpoint import Checkpoint, load_checkpoint, resolve_vision_position_ids
+from .cpu_graph import CaptureError, CpuGraph, GuardFailed
 from .hardware import Hardware, detect
 from .modes import Mode, check_mode
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
@@ -51,6 +52,7 @@ class EngineConfig:
     use_tuned: bool = True  # load config/dispatch/<hw_profile>.yaml in fast mode when present
     vision_position_ids: str = "auto"  # legacy | fixed | auto (the checkpoint's record, else the default)
     rtc: RtcConfig = RtcConfig()  # real-time chunking, used by calls that pass a previous-chunk prefix
+    cpu_graphs: bool = True  # on CPU, each Euler step replays its captured kernel calls (runtime/cpu_graph.py)
 
     def __post_init__(self) -> None:
         check_mode(self.mode, what="EngineConfig.mode")
@@ -124,6 +126,9 @@ class Engine:
         self.act = {part: self.resolver.build("cast", f"{part}.activations", f"{part}_act", "")
                     for part in ("vision", "vlm", "expert")}
         self.decode_graph = None  # graphs.CapturedPhase of decode, made by capture_graphs() on CUDA
+        self.velocity_graphs: list[CpuGraph] = []  # CPU: captured Euler steps, the latest shapes first
+        # (a profile times each op on its own: its Euler steps run eagerly)
+        self.cpu_graphs = config.cpu_graphs and self.device.type == "cpu" and probe is None
         self.decode_graph_rtc = None  # the same with RTC guidance (RtcInputs of fixed shapes)
         self.weights.file.release()  # resident again only what inference actually reads
         trim_heap()  # the build's freed weight copies back to the kernel
@@ -207,23 +212,62 @@ class Engine:
                rtc: RtcInputs | None = None) -> torch.Tensor:
         """noise [B, C, A] (x at t = 1) -> normalised actions [B, C, A]; ``rtc``: guide toward a previous
         chunk (runtime/rtc.py) with the form chosen at build (self.rtc.guidance)."""
-        x, ex = noise.to(self.device), self.act["expert"]
+        x = noise.to(self.device)
 
         def velocity(xk, k):
-            return self.model.velocity(ex(xk), self.time_terms[k], prefix.contexts, prefix.rope_self,
-                                       prefix.rope_cross, prefix.mask_self, prefix.mask_cross)
+            return self._velocity(xk, self.time_terms[k], prefix.contexts, prefix.rope_self, prefix.rope_cross,
+                                  prefix.mask_self, prefix.mask_cross)
 
+        replayed = self._velocity_replay(prefix, x) if rtc is None or self.rtc.guidance == "constant" else None
         for k in range(self.model_config.num_steps):
+            v = None
+            if replayed is not None:
+                try:  # the graph's output is overwritten by the next step: a trace keeps a copy
+                    v = replayed(x, k) if trace is None else replayed(x, k).clone()
+                except GuardFailed as e:  # a host value the capture read differs: this decode runs eagerly
+                    log.info("decode runs eagerly: %s", e)
+                    replayed = None
             if rtc is None:
-                v = velocity(x, k)
+                v = velocity(x, k) if v is None else v
             elif self.rtc.guidance == "constant":
-                v = guided_velocity(x, velocity(x, k).float(), self.euler_t[k], self.rtc_step_weights[k], rtc)
+                v = guided_velocity(x, (velocity(x, k) if v is None else v).float(), self.euler_t[k],
+                                    self.rtc_step_weights[k], rtc)
             else:
                 v = self._vjp_guided(x, k, velocity, rtc)
             x = x + self.euler_dt * v.float()
             if trace is not None:
                 trace.append((v, x))
         return x
+
+    def _velocity(self, x, time_term, contexts, rope_self, rope_cross, mask_self, mask_cross):
+        """One Euler step's velocity [B, C, A] at x [B, C, A] (fp32), time_term [He]."""
+        return self.model.velocity(self.act["expert"](x), time_term, contexts, rope_self, rope_cross, mask_self,
+                                   mask_cross)
+
+    def _velocity_replay(self, prefix: Prefix, x: torch.Tensor):
+        """CPU: ``(x, k) -> v`` replaying the captured step (captured on first use for these shapes; the two
+        latest kept), with this prefix loaded once; None where steps run eagerly."""
+        if not self.cpu_graphs:
+            return None
+        args = (x, self.time_terms[0], prefix.contexts, prefix.rope_self, prefix.rope_cross, prefix.mask_self,
+                prefix.mask_cross)
+        graph = next((g for g in self.velocity_graphs if g.fits(*args)), None)
+        if graph is None:
+            try:
+                graph = CpuGraph(self._velocity, args)
+            except CaptureError as e:
+                log.warning("Euler steps run eagerly from now on: %s", e)
+                self.cpu_graphs = False
+                return None
+            log.info("captured an Euler step (%d ops replayed) in %.0f ms", len(graph.entries), 1e3 * graph.capture_s)
+            self.velocity_graphs = [graph] + self.velocity_graphs[:1]
+        graph.load(None, None, *args[2:])
+
+        def replayed(xk, k):
+            graph.load(xk, self.time_terms[k], None, None, None, None, None)
+            return graph.replay()
+
+        return replayed
 
     def decode_rtc(self, prefix: Prefix, noise: torch.Tensor, rtc: RtcInputs) -> torch.Tensor:
         return self.decode(prefix, noise, rtc=rtc)
