@@ -126,10 +126,10 @@ class Engine:
         self.act = {part: self.resolver.build("cast", f"{part}.activations", f"{part}_act", "")
                     for part in ("vision", "vlm", "expert")}
         self.decode_graph = None  # graphs.CapturedPhase of decode, made by capture_graphs() on CUDA
+        self.decode_graph_rtc = None  # the same with RTC guidance (RtcInputs of fixed shapes)
         self.velocity_graphs: list[CpuGraph] = []  # CPU: captured Euler steps, the latest shapes first
         # (a profile times each op on its own: its Euler steps run eagerly)
         self.cpu_graphs = config.cpu_graphs and self.device.type == "cpu" and probe is None
-        self.decode_graph_rtc = None  # the same with RTC guidance (RtcInputs of fixed shapes)
         self.weights.file.release()  # resident again only what inference actually reads
         trim_heap()  # the build's freed weight copies back to the kernel
         keep_freed_heap()  # then each chunk's activations reuse the heap instead of fresh pages

@@ -1,7 +1,6 @@
 """CPU graph capture and replay (runtime/cpu_graph.py): recorded torch ops and native kernels run again on new
 inputs give what the eager call gives, bit for bit; host reads become guards; what cannot be replayed is
 refused. Inputs are drawn fresh each run."""
-import ctypes
 
 import numpy as np
 import pytest
@@ -141,3 +140,27 @@ def test_engine_decode_replayed_is_bitwise_the_eager_decode(tiny, golden_inputs,
         assert all(torch.equal(a[0], b[0]) for a, b in zip(trace_g, trace_e))
         assert len({t[0].data_ptr() for t in trace_g}) == len(trace_g)
     assert len(eng.velocity_graphs) >= 1
+
+
+def test_engine_decode_falls_back_to_eager_steps_when_a_guard_fails(tiny, golden_inputs, gen, monkeypatch):
+    """A replay whose guard fails mid-decode (a host value read at capture differs) hands the rest of the
+    decode to eager steps: the actions are still the eager ones."""
+    eng = Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="exact", vision_position_ids="legacy")
+    prefix = eng.prefill(golden_inputs)
+    noise = torch.randn((golden_inputs.batch, eng.model_config.chunk_size, eng.model_config.max_action_dim),
+                        generator=gen)
+    eng.decode(prefix, noise)  # captures
+    graph, calls = eng.velocity_graphs[0], []
+    replay = graph.replay
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 3:
+            raise GuardFailed("a guard read another value")
+        return replay()
+
+    monkeypatch.setattr(graph, "replay", flaky)
+    got = eng.decode(prefix, noise)
+    assert len(calls) == 3  # two steps replayed, the third failed, the rest eager
+    eng.cpu_graphs = False
+    assert torch.equal(got, eng.decode(prefix, noise))
