@@ -124,7 +124,9 @@ def test_bad_commands_never_move_the_arm(sim, kind, tmp_path, ros_domain_id):
                     m.header.stamp = s.node.get_clock().now().to_msg()
                 pub.publish(m)
             time.sleep(0.1)
-        time.sleep(0.5)
+        # the refusals are counted as the node takes the commands; its diagnostics come every 0.25 s
+        s.wait_for(lambda: int(s.diagnostics("sim_node").get("commands_rejected", 0)) >= 10 * len(bad), 5.0)
+        time.sleep(0.3)  # one more diagnostics period: no late refusal or application is missed
         diag = s.diagnostics("sim_node")
         held = np.array([r[1][:3] for r in rows if r[0] > t_bad])
         good = _good_command(kind, cmd)
