@@ -83,7 +83,7 @@ def test_replay_through_the_nodes(ros, tiny_model, short_bag, tmp_path, ros_doma
     # queue never empty after warm-up (while the bag plays)
     t, holding = np.asarray(run.status_time), np.asarray(run.status_holding)
     window = (t > first_chunk + 1.0) & (t < t_end - 0.2)
-    assert window.sum() > 200
+    assert window.sum() > 100  # > 2 s of 50 Hz status (a loaded host's late first chunk shortens the window)
     assert not holding[window].any(), f"queue ran empty {holding[window].sum()} times after warm-up"
 
     # joint order: every command is an interpolation of one chunk's consecutive rows, mapped by joint name

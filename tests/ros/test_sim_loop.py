@@ -140,7 +140,10 @@ def test_bad_commands_never_move_the_arm(sim, kind, tmp_path, ros_domain_id):
     assert len(held) > 50
     drift = np.abs(held - start).max()
     assert drift < 1e-3, f"bad commands moved the arm by {drift * 1e3:.2f} mm"
-    assert int(diag["commands_rejected"]) == 10 * len(bad) and int(diag["commands_applied"]) == 0, diag
+    # all 40 when the node keeps up; on a loaded host its reliable depth-10 queue may drop the oldest of a
+    # backlog (the latest command wins), never apply one
+    assert len(bad) <= int(diag["commands_rejected"]) <= 10 * len(bad), diag
+    assert int(diag["commands_applied"]) == 0, diag
     assert diag["level"] == 1 and "refused" in diag["message"], diag
     assert int(diag_after["commands_applied"]) == 1
     assert np.linalg.norm(moved - target) < 0.01 < np.linalg.norm(start - target), (start, moved, target)
