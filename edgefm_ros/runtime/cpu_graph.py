@@ -16,8 +16,9 @@ meanwhile. The replay keeps the kernels and drops the Python:
 - a host value read from a tensor (``bool(mask.all())``: a kernel's branch) becomes a guard: replay reads it
   again and raises GuardFailed when it differs, and the caller runs ``fn`` eagerly instead.
 A warm-up call on clones comes first, so that lazy preparations (a weight packed for a new row count) are
-made once, outside the recording. The capture then runs on fresh static buffers, so kernels that cache something derived from an input object
-(-sin of RoPE tables, packed masks) derive it inside the capture, and every replay derives it again.
+made once, outside the recording. The capture then runs on fresh static buffers, so kernels that cache
+something derived from an input object (-sin of RoPE tables, packed masks) derive it inside the capture, and
+every replay derives it again.
 A capture is checked before it is used: every tensor the capture made is overwritten with a poison value,
 and a replay on the capture's own inputs must give the eager output bit for bit (a kernel call that escaped
 the recording would leave poison behind), or CaptureError is raised.
@@ -47,11 +48,7 @@ class GuardFailed(RuntimeError):
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
-    return []
+    return flatten(x)[0]
 
 
 _SCRATCH = (torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like)  # written by later ops
@@ -136,21 +133,21 @@ class CpuGraph:
             out = fn(*unflatten(self.spec, self.static_in))
         self.entries, self._keep = rec.entries, rec.keep
         self.static_out = out
-        self.eager_out = [t.clone() for t in _tensors(out)]
+        eager = [t.clone() for t in _tensors(out)]
         self.capture_s = time.perf_counter() - t0
         with torch.no_grad():
             for t in rec.made:
                 if t.layout == torch.strided and not t.is_mkldnn and t.is_floating_point():
                     t.fill_(POISON)
         self.replay()
-        if not all(torch.equal(a, b) for a, b in zip(_tensors(self.static_out), self.eager_out)):
+        if not all(torch.equal(a, b) for a, b in zip(_tensors(self.static_out), eager)):
             raise CaptureError("a replay of the capture differs from its eager run")
 
     def fits(self, *args) -> bool:
         """The same structure, constants, shapes and dtypes as the captured arguments (strides may differ:
         load() copies values into the static buffers the capture ran on)."""
         leaves, spec = flatten(tuple(args))
-        return same_structure(spec, self.spec) and len(leaves) == len(self.static_in) and all(
+        return same_structure(spec, self.spec) and all(
             a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
             for a, b in zip(leaves, self.static_in))
 
