@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import pytest
+
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 # the command joint order of action_node: not the model's
 COMMAND_ORDER = ("gripper", "elbow_flex", "shoulder_pan", "wrist_roll", "shoulder_lift", "wrist_flex")
@@ -67,6 +69,16 @@ def assert_on_time(commands: float, missed: float, early: float, realtime: bool)
         budget = max(2.0, 0.01 * commands)
         assert missed <= budget and early <= budget, \
             f"{missed:.0f} missed and {early:.0f} early of {commands:.0f} commands (budget {budget:.1f} each)"
+
+
+def assert_at_rate(timing: dict, hz: float, realtime: bool) -> None:
+    """Commands at the configured rate, judged from ``command_timing``: the median period within 2% of
+    1/hz, and the mean rate within 2% real-time scheduled (with ``assert_on_time``'s stall budget) or 5%
+    normally scheduled, where a loaded 2-core host delays a tick now and then and the loop skips it rather
+    than sending a stale command (one CI run: 9 skipped of 309, 48.6 Hz)."""
+    assert timing["err_p50_ms"] < 0.02 * 1e3 / hz, timing
+    assert timing["rate_hz"] == pytest.approx(hz, rel=0.02 if realtime else 0.05), timing
+    assert_on_time(timing["commands"], timing["missed"], timing["early"], realtime)
 
 
 def realtime_expected() -> bool:

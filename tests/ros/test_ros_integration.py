@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from replay_helpers import (COMMAND_ORDER, COMMAND_TOPIC, JOINTS, assert_on_time, graph_nodes, node_params,
+from replay_helpers import (COMMAND_ORDER, COMMAND_TOPIC, JOINTS, assert_at_rate, graph_nodes, node_params,
                             realtime_applied, realtime_expected, record_topics)
 
 
@@ -76,9 +76,8 @@ def test_replay_through_the_nodes(ros, tiny_model, short_bag, tmp_path, ros_doma
     assert np.all(np.diff(run.cmd_stamp) > 0), "command stamps not strictly increasing"
     first_chunk = run.chunk_recv[0]
     timing = command_timing(run, 1 / 50, first_chunk + 0.5, t_end)
-    assert timing["rate_hz"] == pytest.approx(50.0, rel=0.02), timing
     assert realtime == realtime_expected()
-    assert_on_time(timing["commands"], timing["missed"], timing["early"], realtime)
+    assert_at_rate(timing, 50.0, realtime)
 
     # queue never empty after warm-up (while the bag plays)
     t, holding = np.asarray(run.status_time), np.asarray(run.status_holding)
