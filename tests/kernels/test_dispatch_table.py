@@ -126,7 +126,7 @@ def test_resolver_builds_once_and_records_the_plan():
     import torch
 
     tbl = Table.from_files(builtin_tables("fast"))
-    res = OpResolver(tbl, "cpu_x86_avx512_bf16", "smolvla", lambda role: "decode" if role.startswith("expert") else "prefill")
+    res = OpResolver(tbl, "cpu_x86_avx512_bf16_amx", "smolvla", lambda role: "decode" if role.startswith("expert") else "prefill")
     w = [(torch.randn(8, 4), None), (torch.randn(4, 4), None)]
     kern = res.linear("expert.layers.0.qkv", "expert_self_qkv", w)
     q, k = kern(torch.randn(2, 4))
@@ -136,7 +136,7 @@ def test_resolver_builds_once_and_records_the_plan():
 
 
 @pytest.mark.parametrize("mode", ["reference", "exact", "fast"])
-@pytest.mark.parametrize("hw", ["cpu_x86_avx512_bf16", "cpu_x86_avx2", "cpu_arm64_neon", "cuda_sm90", "cuda_sm87"])
+@pytest.mark.parametrize("hw", ["cpu_x86_avx512_bf16_amx", "cpu_x86_avx512_bf16", "cpu_x86_avx512_vnni", "cpu_x86_avx2", "cpu_arm64_neon", "cuda_sm90", "cuda_sm87"])
 def test_builtin_tables_resolve_every_op_kind(mode, hw):
     """Every op kind the model uses resolves, on every profile, to an impl that accepts it."""
     tbl = Table.from_files(builtin_tables(mode))
@@ -149,9 +149,19 @@ def test_builtin_tables_resolve_every_op_kind(mode, hw):
             assert r.impl.op_kind == kind
 
 
-def test_fast_table_low_precision_only_where_the_cpu_has_bf16():
+def test_fast_table_precision_follows_the_cpu():
+    """bf16 GEMMs only with AMX; AVX-512 without it (AVX512-BF16 included, where oneDNN's bf16 GEMMs ran at
+    half the fp32 rate) keeps fp32 activations around int8 GEMMs; AVX2 stays fp32 throughout."""
     tbl = Table.from_files(builtin_tables("fast"))
-    assert tbl.lookup(S()).impl_id == "bf16"
+    amx = "cpu_x86_avx512_bf16_amx"
+    assert tbl.lookup(S(hw_profile=amx)).impl_id == "bf16"
+    assert tbl.lookup(S(op_kind="mlp", layer_role="vision_mlp", hw_profile=amx)).impl_id == "bf16"
+    assert tbl.lookup(S(op_kind="cast", hw_profile=amx)).impl_id == "bf16"
+    for hw in ("cpu_x86_avx512_bf16", "cpu_x86_avx512_vnni", "cpu_x86_avx512"):
+        for kind, role in (("linear", "vlm_qkv"), ("mlp", "vision_mlp"), ("mlp", "expert_mlp")):
+            assert tbl.lookup(S(op_kind=kind, layer_role=role, hw_profile=hw)).impl_id == "int8_dyn", (hw, role)
+        assert tbl.lookup(S(op_kind="cast", hw_profile=hw)).impl_id == "fp32"
+        assert tbl.lookup(S(op_kind="patch_embed", hw_profile=hw)).impl_id == "gemm"
     assert tbl.lookup(S(hw_profile="cpu_x86_avx2")).impl_id in ("ref", "fused")
     assert tbl.lookup(S(op_kind="cast", hw_profile="cpu_x86_avx2")).impl_id == "fp32"
     exact = Table.from_files(builtin_tables("exact"))
@@ -171,10 +181,14 @@ ROLES = {"linear": ["vision_qkv", "vision_o", "connector_proj", "vlm_qkv", "vlm_
 
 
 @pytest.mark.parametrize("kind", sorted(ROLES))
-def test_fast_mode_on_bf16_cpus_runs_every_gemm_role_in_bf16(kind):
-    """Role-specific exact records must not shadow the fast ones (specificity beats file order)."""
+@pytest.mark.parametrize("hw,want", [("cpu_x86_avx512_bf16_amx", {"linear": "bf16", "mlp": "bf16", "patch_embed": "bf16"}),
+                                     ("cpu_x86_avx512_bf16", {"linear": "int8", "mlp": "int8", "patch_embed": "fp32"})])
+def test_fast_mode_runs_every_gemm_role_at_the_cpus_fast_precision(kind, hw, want):
+    """Role-specific exact records must not shadow the fast ones (specificity beats file order): bf16 GEMMs
+    with AMX, int8 ones (fp32 activations) on AVX-512 without it."""
     tbl = Table.from_files(builtin_tables("fast"))
     for role in ROLES[kind]:
         stage = "decode" if role.startswith("expert") and role != "expert_cross_kv" else "prefill"
-        r = tbl.resolve(S(op_kind=kind, layer_role=role, stage=stage, dims={"in": 960, "hidden": 960, "inner": 2560}))
-        assert r.impl.precision == "bf16", f"{role}: {r.record.quote()}"
+        r = tbl.resolve(S(op_kind=kind, layer_role=role, stage=stage, hw_profile=hw,
+                          dims={"in": 960, "hidden": 960, "inner": 2560}))
+        assert r.impl.precision == want[kind], f"{role}: {r.record.quote()}"

@@ -173,11 +173,14 @@ if sys.argv[1] == "keep":
     assert pages.keep_freed_heap()
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
-for _ in range(3):  # a chunk: eight 15 MB activations live at once, then all freed (120 MB at the heap's top)
+torch.set_num_threads(1)  # no pool threads allocating between the activations
+returned = []
+for _ in range(4):  # a chunk: eight 15 MB activations live at once, then all freed (120 MB at the heap's top)
     live = [torch.ones(15 << 18) for _ in range(8)]
     peak = rss()
     del live
-print(peak - rss())
+    returned.append(peak - rss())
+print(" ".join(map(str, returned)))
 """
 
 
@@ -189,10 +192,12 @@ def test_keep_freed_heap_keeps_each_chunks_activations_for_the_next(repo_root):
     import sys
 
     require_material(hasattr(pages._libc(), "mallopt"), "the C library has no mallopt (not glibc)")
-    returned = {mode: float(subprocess.run([sys.executable, "-c", KEEP_SCRIPT, mode], capture_output=True, text=True,
-                                           check=True, cwd=repo_root).stdout)
+    returned = {mode: [float(v) for v in subprocess.run([sys.executable, "-c", KEEP_SCRIPT, mode], capture_output=True,
+                                                         text=True, check=True, cwd=repo_root).stdout.split()]
                 for mode in ("default", "keep")}
-    assert returned["default"] > 100 and returned["keep"] < 10, returned
+    # by default the first chunk's activations are mmapped and unmapped when freed; later chunks come from
+    # the heap, trimmed or not by where the heap's top lies (it varies from run to run). Kept: never returned.
+    assert returned["default"][0] > 100 and max(returned["keep"]) < 10, returned
 
 
 def test_quantize_rows_error_is_half_a_step(gen):
