@@ -7,6 +7,8 @@
   int8_amx  our AMX kernel (amx_gemm.py, weights="int8"): bf16 activations quantised per row and call
             (symmetric), int8 tile products, int32 sums, scales, bias and epilogue applied in the kernel,
             bf16 out; made for decode (M = 50), where it reads half the bytes of bf16 weights
+  int8_vnni our AVX512-VNNI kernel (vnni_gemm.py) for CPUs without AMX: fp32 activations quantised per row
+            and call, int32 sums, scales, bias, epilogue and residual applied in the kernel, fp32 out
 Same build/call contracts as linear.py and mlp.py; outputs in x's dtype.
 """
 from __future__ import annotations
@@ -16,14 +18,14 @@ from contextlib import contextmanager
 
 import torch
 
-from . import amx_gemm
+from . import amx_gemm, vnni_gemm
 from .amx_gemm import quantize_rows
 from .gemm import POSTS, epilogue, out_features
 from .linear import LinearGroupFused
 from .mlp import MlpFused
 from .registry import Impl, register
 
-MODES = ("int8_dyn", "int8_wo", "int8_amx")
+MODES = ("int8_dyn", "int8_wo", "int8_amx", "int8_vnni")
 WO_K_MULTIPLE = 16  # _weight_int8pack_mm on CPU
 
 
@@ -53,6 +55,9 @@ class QGemm:
         if mode == "int8_amx":  # quantised and packed by the kernel's module
             self.kernel = amx_gemm.AmxWeight(w, b, post, weights="int8")
             return
+        if mode == "int8_vnni":
+            self.kernel = vnni_gemm.VnniWeight(w, b, post)
+            return
         q, scale = quantize_rows(w)
         if mode == "int8_dyn":
             with warnings.catch_warnings():
@@ -66,15 +71,15 @@ class QGemm:
 
     @property
     def takes_residual(self) -> bool:
-        """``__call__(x, residual)`` adds the residual inside the kernel (int8_amx)."""
-        return self.mode == "int8_amx"
+        """``__call__(x, residual)`` adds the residual inside the kernel (int8_amx, int8_vnni)."""
+        return self.mode in ("int8_amx", "int8_vnni")
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         if residual is not None and not self.takes_residual:
             raise ValueError(f"int8 mode {self.mode!r} does not add a residual; add it after the call")
-        if self.mode == "int8_amx":
+        if self.takes_residual:
             r2 = None if residual is None else residual.reshape(-1, self.out_features)
             return self.kernel(x2, r2).view(*lead, self.out_features)
         if self.mode == "int8_dyn":
@@ -87,7 +92,7 @@ class QGemm:
 
 
 def _xdtype(mode: str) -> torch.dtype:
-    return torch.float32 if mode == "int8_dyn" else torch.bfloat16
+    return torch.float32 if mode in ("int8_dyn", "int8_vnni") else torch.bfloat16
 
 
 def _check(mode: str):
@@ -96,6 +101,8 @@ def _check(mode: str):
             return f"the int8 CPU kernels do not run on {spec.hw_profile!r}"
         if mode == "int8_amx":
             return amx_gemm.unavailable()
+        if mode == "int8_vnni":
+            return vnni_gemm.unavailable()
         if mode == "int8_dyn" and "onednn" not in torch.backends.quantized.supported_engines:
             return "torch has no oneDNN quantised engine"
         if mode == "int8_wo":
@@ -120,6 +127,7 @@ def _mlp(mode: str):
 
 for _mode, _doc in (("int8_dyn", "dynamic int8 (activations quantised per call, oneDNN VNNI/AMX)"),
                     ("int8_wo", "int8 weights, bf16 activations (_weight_int8pack_mm)"),
-                    ("int8_amx", "our AMX int8 GEMM, activations per row, epilogue fused, bf16 in and out")):
+                    ("int8_amx", "our AMX int8 GEMM, activations per row, epilogue fused, bf16 in and out"),
+                    ("int8_vnni", "our AVX512-VNNI int8 GEMM, activations per row, epilogue fused, fp32 in and out")):
     register(Impl("linear", _mode, _linear(_mode), precision="int8", check=_check(_mode), doc=_doc))
     register(Impl("mlp", _mode, _mlp(_mode), precision="int8", check=_check(_mode), doc=_doc))
