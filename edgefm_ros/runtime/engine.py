@@ -31,7 +31,7 @@ from .cpu_graph import CaptureError, CpuGraph, GuardFailed
 from .hardware import Hardware, detect
 from .modes import Mode, check_mode
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
-from .resolver import build_resolver
+from .resolver import build_resolver, tuned_elsewhere
 from .rtc import RtcConfig, RtcInputs, guidance_weight, guided_velocity, rtc_inputs
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,9 @@ class Engine:
         if self.resolver.overruled:
             log.warning("tuned table %s: %d record(s) cannot serve on this machine, built without them; first: %s",
                         self.resolver.tuned, len(self.resolver.overruled), self.resolver.overruled[0])
+        self.tuned_elsewhere = tuned_elsewhere(self.resolver.tuned, hardware) if self.resolver.tuned else None
+        if self.tuned_elsewhere:
+            log.warning("tuned table %s: %s", self.resolver.tuned, self.tuned_elsewhere)
         # activation dtype of each part (cast records: fp32 in exact mode, bf16 in fast mode where it pays)
         self.act = {part: self.resolver.build("cast", f"{part}.activations", f"{part}_act", "")
                     for part in ("vision", "vlm", "expert")}

@@ -28,6 +28,22 @@ def tuned_table_path(hw_profile: str) -> Path:
     return here.parents[2] / "config" / "dispatch" / f"{hw_profile}.yaml"
 
 
+def tuned_elsewhere(path: Path, hardware) -> str | None:
+    """Why the tuned table at ``path`` may not fit ``hardware`` (a runtime.hardware.Hardware): it records the
+    machine it was measured on, and a table from another CPU (or thread count) still serves wherever its
+    impls run, but its choices were timed there (bf16 GEMMs chosen on AMX ran at half the fp32 rate on a CPU
+    without it). None when it was tuned here, or when it records no machine."""
+    import yaml
+
+    meta = yaml.safe_load(Path(path).read_text()) or {}
+    hw = meta.get("hw") if isinstance(meta, dict) else None
+    if not isinstance(hw, dict) or "fingerprint" not in hw or hw["fingerprint"] == hardware.fingerprint:
+        return None
+    return (f"tuned on another machine ({hw.get('name', '?')}, {hw.get('threads', '?')} threads, fingerprint "
+            f"{hw['fingerprint']}; this one: {hardware.name}, {hardware.threads} threads, {hardware.fingerprint}): "
+            f"its choices were timed there; run `edgefm-vla tune` on this machine")
+
+
 def table_files(mode: str, hw_profile: str, tables: Sequence[str | Path] = (), use_tuned: bool = True
                 ) -> tuple[list[Path], Path | None]:
     """(the table files of ``mode`` on ``hw_profile`` in load order, the tuned one among them or None)."""

@@ -149,3 +149,37 @@ def test_fast_engine_builds_past_a_tuned_record_this_machine_cannot_run(tiny, tm
     rows = [r for r in eng.plan() if r["layer_role"] == "expert_cross_attn"]
     assert rows and all(r["impl_id"] != "flashinfer" and tuned.name not in r["record"] for r in rows)
     assert torch.isfinite(torch.as_tensor(eng.predict(eng.synthetic_observation()).actions)).all()
+
+
+@pytest.mark.parametrize("where", ["here", "elsewhere", "unrecorded"])
+def test_fast_engine_warns_when_its_tuned_table_was_measured_on_another_machine(tiny, tmp_path, monkeypatch, caplog,
+                                                                               where):
+    """A tuned table records the machine it timed (name, threads, fingerprint). From another machine every
+    record may still serve and yet be slow here (bf16 GEMMs chosen on AMX ran at half the fp32 rate without
+    it): the engine says so, naming both machines and the fix; tuned here, or with no machine recorded, it
+    does not."""
+    import logging
+
+    import yaml
+
+    from edgefm_ros.runtime import engine as engine_mod
+    from edgefm_ros.runtime import resolver as resolver_mod
+    from edgefm_ros.runtime.hardware import detect
+
+    hw = detect("cpu")
+    table = {"records": [{"hw_profile": hw.profile, "op_kind": "rms_norm", "impl_id": "ref"}]}
+    if where != "unrecorded":
+        table["hw"] = {"name": "Some Other CPU", "threads": 8,
+                       "fingerprint": hw.fingerprint if where == "here" else "0123456789abcdef"}
+    tuned = tmp_path / f"{hw.profile}.yaml"
+    tuned.write_text(yaml.safe_dump(table))
+    monkeypatch.setattr(resolver_mod, "tuned_table_path", lambda profile: tuned)
+    with caplog.at_level(logging.WARNING, logger="edgefm_ros.runtime.engine"):
+        eng = engine_mod.Engine.from_checkpoint(tiny[0], vlm_dir=tiny[1], mode="fast")
+    assert eng.resolver.tuned == tuned
+    if where == "elsewhere":
+        assert "Some Other CPU, 8 threads, fingerprint 0123456789abcdef" in eng.tuned_elsewhere
+        assert hw.fingerprint in eng.tuned_elsewhere and "edgefm-vla tune" in eng.tuned_elsewhere
+        assert "tuned on another machine" in caplog.text
+    else:
+        assert eng.tuned_elsewhere is None and "tuned on another machine" not in caplog.text
