@@ -45,6 +45,23 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
 
 
+def kernel_operands(what: str, x: torch.Tensor, k: int, dtype: torch.dtype, residual: torch.Tensor | None,
+                    n_out: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Our compiled GEMMs' call checks (ValueError naming the bad value): x [M, k] ``dtype`` with unit column
+    stride, residual [M, n_out] ``dtype`` or None. -> (residual contiguous or None, y [M, n_out] ``dtype``)."""
+    name = str(dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float32", "fp32")
+    if x.dtype != dtype or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
+        raise ValueError(f"{what} input must be {name} [M, {k}] with unit column stride, got {x.dtype} "
+                         f"{tuple(x.shape)} strides {x.stride()}")
+    m = x.shape[0]
+    if residual is not None:
+        if residual.dtype != dtype or tuple(residual.shape) != (m, n_out):
+            raise ValueError(f"{what} residual must be {name} [{m}, {n_out}], got {residual.dtype} "
+                             f"{tuple(residual.shape)}")
+        residual = residual.contiguous()
+    return residual, torch.empty((m, n_out), dtype=dtype)
+
+
 def _blocks(t: torch.Tensor, post: str, pad_k: int) -> torch.Tensor:
     """[N, K'] (or [N] with pad_k = 0) -> [blocks, 2, 16, K' + pad_k]: a block is 32 columns (tile t: 16 t ..),
     or for "silu_glu" 16 gate rows and the same 16 up rows; zero past N."""
@@ -100,16 +117,8 @@ class AmxWeight:
         self.bias = None if b is None else b.float().contiguous()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != self.k or x.stride(1) != 1:
-            raise ValueError(f"AMX GEMM input must be bf16 [M, {self.k}] with unit column stride, got {x.dtype} "
-                             f"{tuple(x.shape)} strides {x.stride()}")
+        residual, y = kernel_operands("AMX GEMM", x, self.k, torch.bfloat16, residual, self.out_features)
         m = x.shape[0]
-        if residual is not None:
-            if residual.dtype != torch.bfloat16 or tuple(residual.shape) != (m, self.out_features):
-                raise ValueError(f"AMX GEMM residual must be bf16 [{m}, {self.out_features}], got {residual.dtype} "
-                                 f"{tuple(residual.shape)}")
-            residual = residual.contiguous()
-        y = torch.empty((m, self.out_features), dtype=torch.bfloat16)
         if m == 0:
             return y
         nb, ksteps = self.packed.shape[0], self.packed.shape[2]

@@ -16,7 +16,7 @@ import functools
 import torch
 
 from . import native
-from .amx_gemm import _blocks, quantize_rows
+from .amx_gemm import _blocks, kernel_operands, quantize_rows
 from .gemm import POSTS
 
 NAME = "vnni_gemm"
@@ -66,16 +66,8 @@ class VnniWeight:
         self.bias = None if b is None else b.float().contiguous()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k or x.stride(1) != 1:
-            raise ValueError(f"VNNI GEMM input must be fp32 [M, {self.k}] with unit column stride, got {x.dtype} "
-                             f"{tuple(x.shape)} strides {x.stride()}")
+        residual, y = kernel_operands("VNNI GEMM", x, self.k, torch.float32, residual, self.out_features)
         m = x.shape[0]
-        if residual is not None:
-            if residual.dtype != torch.float32 or tuple(residual.shape) != (m, self.out_features):
-                raise ValueError(f"VNNI GEMM residual must be fp32 [{m}, {self.out_features}], got {residual.dtype} "
-                                 f"{tuple(residual.shape)}")
-            residual = residual.contiguous()
-        y = torch.empty((m, self.out_features), dtype=torch.float32)
         if m == 0:
             return y
         lib = native.bind(NAME, SIGNATURES)
