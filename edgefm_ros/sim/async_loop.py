@@ -110,7 +110,7 @@ def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: s
 def run_async_eval(checkpoint: str, tasks: str | Sequence[str] | None, seeds: Sequence[int], *,
                    aggregate: str = "weighted_average", delay_ms: float = 0.0, compute_ms: float = 50.0,
                    threshold: float = 0.5, max_seconds: float | None = None, vlm_dir: str | None = None,
-                   log=print) -> dict:
+                   log=print, engine_mode: str = "exact") -> dict:
     """``edgefm-sim eval --exec async``: every task x seed with chunks arriving ``compute_ms + delay_ms``
     (simulated) after their observation; the shared report, with the smoothness of the commands."""
     from edgefm_ros.runtime.engine import Engine
@@ -122,7 +122,7 @@ def run_async_eval(checkpoint: str, tasks: str | Sequence[str] | None, seeds: Se
     st = checkpoint_settings(checkpoint)
     names = parse_tasks(tasks) if isinstance(tasks, str) else list(tasks or checkpoint_tasks(checkpoint))
     sim = SimConfig(image_hw=st["image_hw"], cameras=st["cameras"])
-    engine = Engine.from_checkpoint(checkpoint, vlm_dir=vlm_dir)
+    engine = Engine.from_checkpoint(checkpoint, vlm_dir=vlm_dir, mode=engine_mode)
     latency_s = (compute_ms + delay_ms) / 1e3
     outcomes, wall = [], []
     t0 = time.perf_counter()
@@ -138,6 +138,7 @@ def run_async_eval(checkpoint: str, tasks: str | Sequence[str] | None, seeds: Se
                 + f" ({len(r.boundaries)} chunks, {time.perf_counter() - t0:.0f} s elapsed)")
     settings = {"seeds": ",".join(map(str, seeds)), "aggregate": aggregate, "delay_ms": delay_ms,
                 "compute_ms": compute_ms, "latency_ms": latency_s * 1e3, "chunk_size_threshold": threshold,
+                "engine_mode": engine_mode,
                 "clock": "simulated: chunks arrive latency_ms after their observation, the arm keeps executing"}
     timing = {"policy_wall_ms": {"p50": float(np.percentile(np.asarray(wall) * 1e3, 50)), "count": len(wall)}}
     return make_report(outcomes, exec_mode="async-sim", checkpoint=str(checkpoint), control_hz=sim.control_hz,

@@ -158,8 +158,9 @@ def checkpoint_tasks(checkpoint: str | Path) -> list[str]:
 
 def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, seeds: Sequence[int], *,
                   delay_ms: float = 0.0, n_action_steps: int | None = None, vlm_dir: str | None = None,
-                  max_seconds: float | None = None, log: Callable[[str], None] = print) -> dict:
-    """``edgefm-sim eval --exec sync``: every task x seed in one process with our Engine; the shared report."""
+                  max_seconds: float | None = None, log: Callable[[str], None] = print, engine_mode: str = "exact") -> dict:
+    """``edgefm-sim eval --exec sync``: every task x seed in one process with our Engine (``engine_mode``); the
+    shared report."""
     from edgefm_ros.runtime.engine import Engine
     from edgefm_ros.sim.tasks import parse_tasks
 
@@ -171,7 +172,7 @@ def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, see
     names = parse_tasks(tasks) if isinstance(tasks, str) else list(tasks or checkpoint_tasks(checkpoint))
     steps = n_action_steps or st["n_action_steps"]
     sim = SimConfig(image_hw=st["image_hw"], cameras=st["cameras"])
-    engine = Engine.from_checkpoint(checkpoint, vlm_dir=vlm_dir)
+    engine = Engine.from_checkpoint(checkpoint, vlm_dir=vlm_dir, mode=engine_mode)
     policy = EnginePolicy(engine, sim.cameras)
     outcomes, latency = [], []
     t0 = time.perf_counter()
@@ -193,6 +194,7 @@ def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, see
                                   "note": "none by construction in sync mode"}}
     settings = {"seeds": f"{min(seeds)}-{max(seeds)}" if list(seeds) == list(range(min(seeds), max(seeds) + 1))
                 else ",".join(map(str, seeds)), "delay_ms": delay_ms, "n_action_steps": steps,
-                "image_hw": list(sim.image_hw), "cameras": list(sim.cameras), "max_seconds": max_seconds}
+                "image_hw": list(sim.image_hw), "cameras": list(sim.cameras), "max_seconds": max_seconds,
+                "engine_mode": engine_mode}
     return make_report(outcomes, exec_mode="sync", checkpoint=str(checkpoint), control_hz=sim.control_hz,
                        timing=timing, settings=settings)

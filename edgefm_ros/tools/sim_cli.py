@@ -55,20 +55,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         report = run_async_eval(args.checkpoint or str(default_checkpoint()), args.tasks, seeds, aggregate=args.aggregate or "weighted_average",
                                 delay_ms=args.delay_ms, compute_ms=args.compute_ms, max_seconds=args.max_seconds,
-                                log=lambda m: print(m, flush=True))
+                                log=lambda m: print(m, flush=True), engine_mode=args.mode)
     elif args.exec == "sync":
         from edgefm_ros.sim.rollout import run_sync_eval
 
         report = run_sync_eval(args.checkpoint, args.tasks, seeds, delay_ms=args.delay_ms,
                                n_action_steps=args.n_action_steps, max_seconds=args.max_seconds,
-                               log=lambda m: print(m, flush=True))
+                               log=lambda m: print(m, flush=True), engine_mode=args.mode)
     else:
         from edgefm_ros.sim.paths import default_checkpoint
         from edgefm_ros.tools.sim_ros import run_ros_eval
 
         ckpt = args.checkpoint or str(default_checkpoint())
         tasks = parse_tasks(args.tasks) if args.tasks else None
-        report = run_ros_eval(ckpt, tasks, seeds, delay_ms=args.delay_ms, aggregate=args.aggregate)
+        report = run_ros_eval(ckpt, tasks, seeds, delay_ms=args.delay_ms, aggregate=args.aggregate,
+                              engine_mode=args.mode)
     print(format_table(report))
     if args.json:
         write_report(report, args.json)
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--exec", choices=("ros", "sync", "async"), default="ros",
                    help="ros: the node graph; sync: the policy blocks simulated time; async: the graph's queue and "
                         "chunk requests on the simulated clock (latency = --compute-ms + --delay-ms)")
+    e.add_argument("--mode", choices=("exact", "fast"), default="exact",
+                   help="the policy's engine mode: exact (LeRobot parity) or fast (the tuned kernels)")
     e.add_argument("--delay-ms", type=float, default=0.0, help="extra inference delay per chunk")
     e.add_argument("--aggregate", default=None, help="action_node chunk aggregation (ros, async): "
                    "weighted_average, latest_only, average, conservative or rtc (real-time chunking)")

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import yaml
 
+from edgefm_ros.runtime.modes import check_mode
 from edgefm_ros.sim.paths import default_checkpoint, share_file
 from edgefm_ros.sim.report import EpisodeOutcome, make_report
 COMMAND_TOPIC = "/edgefm/command"
@@ -39,13 +40,17 @@ POLICY_NODES = ("vla_node", "action_node")
 
 
 def graph_params(checkpoint: str, episodes: Sequence[str], *, delay_ms: float = 0.0, aggregate: str | None = None,
-                 results_path: str = "", vlm_dir: str = "", config: str | Path | None = None) -> dict:
-    """Node parameters for one run: config/sim.yaml with this run's episodes, checkpoint and settings."""
+                 results_path: str = "", vlm_dir: str = "", config: str | Path | None = None,
+                 engine_mode: str | None = None) -> dict:
+    """Node parameters for one run: config/sim.yaml with this run's episodes, checkpoint and settings;
+    ``engine_mode``: vla_node's engine mode (exact, fast, reference), else the config's."""
     path = Path(config) if config else share_file("config", "sim.yaml")
     doc = yaml.safe_load(path.read_text())
     p = {n: dict(doc[n]["ros__parameters"]) for n in ("sim_node",) + POLICY_NODES}
     p["sim_node"].update(episodes=list(episodes), results_path=results_path, wait_for_start=True)
     p["vla_node"].update(checkpoint=str(checkpoint), vlm_dir=vlm_dir, inference_delay_ms=float(delay_ms))
+    if engine_mode:
+        p["vla_node"]["mode"] = check_mode(engine_mode, what="engine mode")
     if aggregate:
         p["action_node"]["aggregate"] = aggregate
     if p["action_node"].get("aggregate") == "rtc":  # the rtc merge needs chunks guided to continue the queue
@@ -335,8 +340,10 @@ class RosRun:
 
 def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, delay_ms: float = 0.0,
             aggregate: str | None = None, domain_id: int | None = None, frames: Frames | None = None,
-            vlm_dir: str = "", progress: Callable[[str], None] | None = print, mode: str = "auto") -> RosRun:
-    """Run ``episodes`` ('task:seed') through the node graph; the report and what was recorded."""
+            vlm_dir: str = "", progress: Callable[[str], None] | None = print, mode: str = "auto",
+            engine_mode: str | None = None) -> RosRun:
+    """Run ``episodes`` ('task:seed') through the node graph; the report and what was recorded. ``mode``: how
+    the nodes start (graph_params for ``engine_mode``)."""
     from edgefm_ros.sim.tasks import TASKS
     from edgefm_ros.tools.bag.analyze import read_run
 
@@ -348,7 +355,7 @@ def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, de
     if results_path.exists():
         results_path.unlink()
     params = graph_params(checkpoint, episodes, delay_ms=delay_ms, aggregate=aggregate,
-                          results_path=str(results_path), vlm_dir=vlm_dir)
+                          results_path=str(results_path), vlm_dir=vlm_dir, engine_mode=engine_mode)
     timeout_s = sum(TASKS[e.rpartition(":")[0]].max_seconds + params["sim_node"]["settle_s"] + 1.0
                     for e in episodes) * 1.5 + 30.0
     domain = domain_id if domain_id is not None else 10 + os.getpid() % 90
@@ -369,13 +376,14 @@ def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, de
                          timing=timing, settings={"delay_ms": delay_ms, "aggregate":
                                                   params["action_node"]["aggregate"], "episodes": list(episodes),
                                                   "chunk_size_threshold":
-                                                  params["action_node"]["chunk_size_threshold"], "started_by": g.mode})
+                                                  params["action_node"]["chunk_size_threshold"], "started_by": g.mode,
+                                                  "engine_mode": params["vla_node"].get("mode", "exact")})
     return RosRun(report, out, events, frames, run)
 
 
 def run_ros_eval(checkpoint: str | None, tasks: Sequence[str] | None, seeds: Iterable[int], delay_ms: float = 0.0,
                  aggregate: str | None = None, out_dir: str | Path | None = None,
-                 progress: Callable[[str], None] | None = print) -> dict:
+                 progress: Callable[[str], None] | None = print, engine_mode: str | None = None) -> dict:
     """The report of ``tasks`` (None: the tasks the checkpoint was trained on, as for --exec sync) x ``seeds``
     through the node graph (``edgefm-sim eval --exec ros``); ``out_dir`` keeps the logs, the record and
     sim_node's episode results (else a temp dir)."""
@@ -391,4 +399,4 @@ def run_ros_eval(checkpoint: str | None, tasks: Sequence[str] | None, seeds: Ite
 
             out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgefm-sim-ros-"))
         return run_ros(ckpt, episodes, out_dir=out_dir, delay_ms=delay_ms, aggregate=aggregate,
-                       progress=progress).report
+                       progress=progress, engine_mode=engine_mode).report

@@ -114,3 +114,8 @@ def test_sim_graph_params_pair_rtc_merge_with_rtc_guidance(ros):
     assert on["action_node"]["aggregate"] == "rtc" and on["vla_node"]["rtc_enabled"] is True
     off = graph_params("ckpt", ["reach:1000"], aggregate="latest_only")
     assert off["action_node"]["aggregate"] == "latest_only" and not off["vla_node"].get("rtc_enabled", False)
+    # `--mode fast`: vla_node's engine mode; the config's (exact) otherwise; an unknown one named
+    assert graph_params("ckpt", ["reach:1000"], engine_mode="fast")["vla_node"]["mode"] == "fast"
+    assert off["vla_node"].get("mode", "exact") == "exact"
+    with pytest.raises(ValueError, match="'turbo'"):
+        graph_params("ckpt", ["reach:1000"], engine_mode="turbo")

@@ -117,6 +117,31 @@ def test_sync_eval_cli_end_to_end(tiny_checkpoint, tmp_path):
     again = json.loads((tmp_path / "again.json").read_text())
     assert [e["rms_jerk"] for e in again["episodes_detail"]] == [e["rms_jerk"] for e in d]
     assert main(["eval", "--exec", "sync", "--checkpoint", str(tiny_checkpoint), "--seeds", "0-1"]) == 2  # train seeds
+    assert rep["settings"]["engine_mode"] == "exact"
+
+
+def test_sync_eval_runs_the_engine_mode_asked_for(tiny_checkpoint, tmp_path, monkeypatch):
+    """--mode fast builds the policy's engine in fast mode (its tuned kernels), and the report says so; an
+    unknown mode is refused by the parser."""
+    from edgefm_ros.runtime import engine as engine_mod
+    from edgefm_ros.tools.sim_cli import main
+
+    built = []
+    real = engine_mod.Engine.from_checkpoint.__func__
+
+    def spy(cls, *a, **kw):
+        eng = real(cls, *a, **kw)
+        built.append(eng.config.mode)
+        return eng
+
+    monkeypatch.setattr(engine_mod.Engine, "from_checkpoint", classmethod(spy))
+    out = tmp_path / "fast.json"
+    assert main(["eval", "--exec", "sync", "--mode", "fast", "--checkpoint", str(tiny_checkpoint), "--tasks", "reach",
+                 "--seeds", "1000", "--max-seconds", "0.5", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert built == ["fast"] and rep["settings"]["engine_mode"] == "fast" and rep["episodes"] == 1
+    with pytest.raises(SystemExit):
+        main(["eval", "--exec", "sync", "--mode", "turbo", "--checkpoint", str(tiny_checkpoint)])
 
 
 def test_engine_policy_refuses_missing_cameras(tiny_checkpoint):
