@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import skills
-from .dispatch import OpResolver, Record, Table, builtin_tables, load_table
+from .dispatch import OpResolver, Record, Table, builtin_tables, load_table, read_yaml
 from .modes import check_mode
 
 
@@ -33,9 +33,7 @@ def tuned_elsewhere(path: Path, hardware) -> str | None:
     machine it was measured on, and a table from another CPU (or thread count) still serves wherever its
     impls run, but its choices were timed there (bf16 GEMMs chosen on AMX ran at half the fp32 rate on a CPU
     without it). None when it was tuned here, or when it records no machine."""
-    import yaml
-
-    meta = yaml.safe_load(Path(path).read_text()) or {}
+    meta = read_yaml(Path(path), "tuned table") or {}
     hw = meta.get("hw") if isinstance(meta, dict) else None
     if not isinstance(hw, dict) or "fingerprint" not in hw or hw["fingerprint"] == hardware.fingerprint:
         return None

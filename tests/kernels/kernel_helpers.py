@@ -1,11 +1,31 @@
 """Shared helpers of the kernel tests: specs, the impl/param grid, error measure and bounds."""
 import itertools
+from contextlib import contextmanager
 
 import torch
 
 from edgefm_kernels.registry import OpSpec, impls_for
 
 HW = "cpu_x86_avx512_bf16"
+
+
+@contextmanager
+def faked_cpu(monkeypatch, cache_dir, drop=(), add=(), caches=()):
+    """This CPU's flags without ``drop`` and with ``add`` for native.py, builds going to ``cache_dir``, and
+    the cached loads and availability answers (``caches``: lru_cache'd functions) forgotten before and after."""
+    from edgefm_kernels import native
+
+    flags = native.cpu_flags() - set(drop) | set(add)
+    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
+    monkeypatch.setenv("EDGEFM_CACHE_DIR", str(cache_dir))
+    forget = (native._load, *caches)
+    for f in forget:
+        f.cache_clear()
+    try:
+        yield
+    finally:
+        for f in forget:
+            f.cache_clear()
 # max |out - ref| / max |ref| allowed, by the coarser of the impl's precision and the input dtype
 BOUNDS = {"fp32": 2e-5, "bf16": 3e-2, "int8": 6e-2}
 

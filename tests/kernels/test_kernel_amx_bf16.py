@@ -9,6 +9,7 @@ from edgefm_kernels import amx_attention, bf16_rows, native
 from edgefm_kernels.attention import EagerAttention
 from edgefm_kernels.gemm import Gemm
 
+from kernel_helpers import faked_cpu
 from skips import native_mark
 
 needs_amx = native_mark(amx_attention.NAME)
@@ -153,12 +154,8 @@ def test_without_amx_the_kernel_is_refused_before_any_build_and_fast_mode_falls_
     from edgefm_ros.runtime import skills
     from edgefm_ros.runtime.dispatch import DispatchError, Table, builtin_tables
 
-    flags = native.cpu_flags() - {"amx_tile", "amx_bf16", "amx_int8"} | {"avx512f", "avx512_bf16"}
-    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
-    monkeypatch.setenv("EDGEFM_CACHE_DIR", str(tmp_path))
-    native._load.cache_clear()
-    amx_attention.unavailable.cache_clear()
-    try:
+    with faked_cpu(monkeypatch, tmp_path, drop={"amx_tile", "amx_bf16", "amx_int8"}, add={"avx512f", "avx512_bf16"},
+                   caches=(amx_attention.unavailable,)):
         why = native.unavailable(amx_attention.NAME)
         assert why is not None and "amx_tile" in why and "amx_bf16" in why
         with pytest.raises(native.NativeError, match="lacks"):
@@ -175,9 +172,6 @@ def test_without_amx_the_kernel_is_refused_before_any_build_and_fast_mode_falls_
                         *Table.from_files([_user_table(tmp_path)]).records])
         with pytest.raises(DispatchError, match="lacks"):
             insist.resolve(spec)
-    finally:
-        native._load.cache_clear()
-        amx_attention.unavailable.cache_clear()
 
 
 def _user_table(tmp_path):

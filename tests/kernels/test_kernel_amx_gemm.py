@@ -10,6 +10,7 @@ from edgefm_kernels import amx_gemm, native
 from edgefm_kernels.gemm import Gemm
 from edgefm_kernels.quant import QGemm
 
+from kernel_helpers import faked_cpu
 from skips import native_mark
 
 needs_amx = native_mark(amx_gemm.NAME)
@@ -148,12 +149,8 @@ def test_without_amx_int8_the_gemm_is_refused_before_any_build(monkeypatch, tmp_
     the impls that use it reject every op; the oneDNN paths stay."""
     from edgefm_kernels.registry import OpSpec, get_impl
 
-    flags = native.cpu_flags() - {"amx_int8"} | {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
-    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
-    monkeypatch.setenv("EDGEFM_CACHE_DIR", str(tmp_path))
-    native._load.cache_clear()
-    amx_gemm.unavailable.cache_clear()
-    try:
+    with faked_cpu(monkeypatch, tmp_path, drop={"amx_int8"}, add={"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"},
+                   caches=(amx_gemm.unavailable,)):
         why = amx_gemm.unavailable()
         assert why is not None and "amx_int8" in why
         assert not list(tmp_path.rglob("amx_gemm*")), "built although the CPU cannot run it"
@@ -164,9 +161,6 @@ def test_without_amx_int8_the_gemm_is_refused_before_any_build(monkeypatch, tmp_
         assert get_impl("mlp", "bf16").rejects(spec, {"backend": "onednn"}) is None
         with pytest.raises(RuntimeError, match="amx_int8"):
             amx_gemm.AmxWeight(torch.randn(32, 64), None)
-    finally:
-        native._load.cache_clear()
-        amx_gemm.unavailable.cache_clear()
 
 
 @needs_amx

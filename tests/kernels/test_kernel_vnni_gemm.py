@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from edgefm_kernels import amx_gemm, native, vnni_gemm
 from edgefm_kernels.quant import QGemm
 
+from kernel_helpers import faked_cpu
 from skips import native_mark
 
 needs_vnni = native_mark(vnni_gemm.NAME)
@@ -136,12 +137,8 @@ def test_without_avx512_vnni_the_gemm_is_refused_before_any_build(monkeypatch, t
     that use it reject every op; oneDNN's int8 stays."""
     from edgefm_kernels.registry import OpSpec, get_impl
 
-    flags = native.cpu_flags() - {"avx512_vnni"} | {"avx512f", "avx512bw"}
-    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
-    monkeypatch.setenv("EDGEFM_CACHE_DIR", str(tmp_path))
-    native._load.cache_clear()
-    vnni_gemm.unavailable.cache_clear()
-    try:
+    with faked_cpu(monkeypatch, tmp_path, drop={"avx512_vnni"}, add={"avx512f", "avx512bw"},
+                   caches=(vnni_gemm.unavailable,)):
         why = vnni_gemm.unavailable()
         assert why is not None and "avx512_vnni" in why
         assert not list(tmp_path.rglob("vnni_gemm*")), "built although the CPU cannot run it"
@@ -151,6 +148,3 @@ def test_without_avx512_vnni_the_gemm_is_refused_before_any_build(monkeypatch, t
         assert get_impl("mlp", "int8_dyn").rejects(spec, {}) is None
         with pytest.raises(RuntimeError, match="avx512_vnni"):
             vnni_gemm.VnniWeight(torch.randn(32, 64), None)
-    finally:
-        native._load.cache_clear()
-        vnni_gemm.unavailable.cache_clear()
