@@ -205,7 +205,7 @@ def summarize(run, model: Model, params: dict, diag: dict, t_play: tuple[float, 
         "period_error_ms": {"p50": timing["err_p50_ms"], "p99": timing["err_p99_ms"], "max": timing["err_max_ms"]},
         # from the record: periods without a command, commands under half a period after the last; from the
         # loop itself: deadlines it skipped (a record gap the loop did not count was lost on the way)
-        "missed_ticks": timing["missed"], "early_commands": timing["early"],
+        "missed_ticks": timing["missed"], "early_commands": timing["early"], "stalls": timing["stalls"],
         "loop_missed_ticks": _float(a.get("missed_ticks")), "realtime": a.get("realtime") == "true",
         "queue_empty_ticks_after_warmup": int(holding[window].sum()), "status_ticks_after_warmup": int(window.sum()),
         "observation_to_chunk_ms": percentiles(np.asarray(run.chunk_inference) * 1e3),

@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib.util
 import os
 
-import pytest
 
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 # the command joint order of action_node: not the model's
@@ -58,27 +57,24 @@ def realtime_applied(session) -> bool:
     return session.diagnostics("action_node").get("realtime") == "true"
 
 
-def assert_on_time(commands: float, missed: float, early: float, realtime: bool) -> None:
-    """The control loop kept its deadlines, judged from the recorded command stamps.
-
-    Real-time scheduled, a stall is a rare event: at most 1% of the commands (and at least 2) may follow a
-    skipped period (missed) or come less than half a period after the last (early). Not zero: a shared VM
-    stops a vCPU for tens of milliseconds now and then, which no thread priority prevents. Normally
-    scheduled on a loaded 2-core machine, only the rate is checked (by the caller)."""
-    if realtime:
-        budget = max(2.0, 0.01 * commands)
-        assert missed <= budget and early <= budget, \
-            f"{missed:.0f} missed and {early:.0f} early of {commands:.0f} commands (budget {budget:.1f} each)"
-
-
 def assert_at_rate(timing: dict, hz: float, realtime: bool) -> None:
-    """Commands at the configured rate, judged from ``command_timing``: the median period within 2% of
-    1/hz, and the mean rate within 2% real-time scheduled (with ``assert_on_time``'s stall budget) or 5%
-    normally scheduled, where a loaded 2-core host delays a tick now and then and the loop skips it rather
-    than sending a stale command (one CI run: 9 skipped of 309, 48.6 Hz)."""
+    """Commands at the configured rate, judged from ``command_timing``: the median period within 2% of 1/hz,
+    and late ticks counted as stalls, events rather than periods. A shared VM stops a vCPU now and then,
+    which no thread priority prevents (CI runs saw single pauses of 316 ms under SCHED_FIFO: 16 periods
+    skipped, 47.7 Hz over 6 s), and the loop skips a late tick rather than send a stale command. At most
+    max(3, 1%) of the commands may be stalls real-time scheduled, max(3, 3%) normally scheduled on a loaded
+    2-core host; early commands (a catch-up right after a stall) at most that budget plus two per stall.
+    A loop that lost ticks steadily, or fired twice, fails either bound."""
     assert timing["err_p50_ms"] < 0.02 * 1e3 / hz, timing
-    assert timing["rate_hz"] == pytest.approx(hz, rel=0.02 if realtime else 0.05), timing
-    assert_on_time(timing["commands"], timing["missed"], timing["early"], realtime)
+    budget = max(3.0, (0.01 if realtime else 0.03) * timing["commands"])
+    assert timing["stalls"] <= budget, f"{timing['stalls']:.0f} stalls (budget {budget:.1f}): {timing}"
+    assert timing["early"] <= budget + 2 * timing["stalls"], f"{timing['early']:.0f} early commands: {timing}"
+
+
+def assert_demo_at_rate(summary: dict, hz: float) -> None:
+    """``assert_at_rate`` on a demo's summary.json."""
+    assert_at_rate({"err_p50_ms": summary["period_error_ms"]["p50"], "commands": summary["commands"],
+                    "stalls": summary["stalls"], "early": summary["early_commands"]}, hz, summary["realtime"])
 
 
 def realtime_expected() -> bool:

@@ -100,17 +100,19 @@ def test_play_publishes_the_stored_bytes_and_record_writes_them(ros, tmp_path, r
 
 def test_command_timing_counts_missed_and_early_ticks_apart():
     """A skipped period is a missed tick; a catch-up command half a period after a stall is 'early' and no
-    longer cancels the late one it follows (their sum used to read 0, or -1 for a lone early command)."""
+    longer cancels the late one it follows (their sum used to read 0, or -1 for a lone early command); a late
+    command is one stall however many periods it skipped."""
     from types import SimpleNamespace
 
     from edgefm_ros.tools.bag.analyze import command_timing
 
     period = 0.02
     base = np.arange(50) * period
-    cases = {"regular": (base, 0, 0),
-             "one skipped": (np.delete(base, 20), 1, 0),
-             "stall then catch-up": (np.concatenate([base[:20], [base[20] + 0.015], base[21:]]), 1, 1),
-             "extra command": (np.sort(np.concatenate([base, [base[30] + 0.004]])), 0, 1)}
-    for name, (stamps, missed, early) in cases.items():
+    cases = {"regular": (base, 0, 0, 0),
+             "one skipped": (np.delete(base, 20), 1, 0, 1),
+             "one long stall": (np.delete(base, range(20, 25)), 5, 0, 1),
+             "stall then catch-up": (np.concatenate([base[:20], [base[20] + 0.015], base[21:]]), 1, 1, 1),
+             "extra command": (np.sort(np.concatenate([base, [base[30] + 0.004]])), 0, 1, 0)}
+    for name, (stamps, missed, early, stalls) in cases.items():
         t = command_timing(SimpleNamespace(cmd_stamp=list(stamps)), period)
-        assert (t["missed"], t["early"]) == (missed, early), name
+        assert (t["missed"], t["early"], t["stalls"]) == (missed, early, stalls), name

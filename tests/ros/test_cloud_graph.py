@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from edgefm_ros.routing.features import FEATURE_NAMES
-from replay_helpers import (COMMAND_TOPIC, assert_at_rate, assert_on_time, graph_nodes, node_params, realtime_applied,
+from replay_helpers import (COMMAND_TOPIC, assert_at_rate, assert_demo_at_rate, graph_nodes, node_params, realtime_applied,
                             realtime_expected, record_topics, with_router)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -227,9 +227,8 @@ def test_demo_with_the_cloud(ros, tiny_model, tmp_path, ros_domain_id, capsys):
     assert 0 < c["round_trip_ms"]["p50"] <= c["round_trip_ms"]["max"] < 500, c  # within vla_node's deadline
     assert int(c["client"]["cloud"]) >= src["cloud"] and "cloud" in c["observation_to_chunk_ms"]
     assert c["shadow"]["requests"] >= 1 and c["shadow"]["edge_quality_mean"] > 0.999, c["shadow"]
-    assert s["control_rate_hz"] == pytest.approx(50.0, rel=0.02 if s["realtime"] else 0.05)  # see assert_at_rate
     assert s["realtime"] == realtime_expected(), s["realtime"]
-    assert_on_time(s["commands"], s["missed_ticks"], s["early_commands"], s["realtime"])
+    assert_demo_at_rate(s, 50.0)
     assert math.isfinite(s["loop_missed_ticks"]), s  # the loop's own count came through its diagnostics
     assert ("real-time scheduling" if s["realtime"] else "normal scheduling") in text
     assert "cloud trip" in text and c["url"] in text

@@ -115,13 +115,15 @@ def command_timing(run: Run, period: float, t0: float = -np.inf, t1: float = np.
     t = t[(t >= t0) & (t <= t1)]
     if t.size < 2:
         return {"commands": float(t.size), "rate_hz": float("nan"), "err_p50_ms": float("nan"),
-                "err_p99_ms": float("nan"), "err_max_ms": float("nan"), "missed": float("nan"), "early": float("nan")}
+                "err_p99_ms": float("nan"), "err_max_ms": float("nan"), "missed": float("nan"), "early": float("nan"),
+                "stalls": float("nan")}
     d = np.diff(t)
     err = np.abs(d - period) * 1e3
     p = percentiles(err)
     ticks = np.round(d / period)  # periods between consecutive commands
     # missed: periods skipped by a late command; early: a command less than half a period after the last
     # (a catch-up after a stall). Counted apart: summed, one early command would hide a missed one.
+    # stalls: late commands as events (one stall of the process, however many periods it skipped)
     return {"commands": float(t.size), "rate_hz": (t.size - 1) / (t[-1] - t[0]), "err_p50_ms": p["p50"],
             "err_p99_ms": p["p99"], "err_max_ms": p["max"], "missed": float(np.sum(np.maximum(ticks - 1, 0))),
-            "early": float(np.sum(ticks == 0))}
+            "early": float(np.sum(ticks == 0)), "stalls": float(np.sum(ticks >= 2))}
