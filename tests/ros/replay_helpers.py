@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib.util
 import os
 
-
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 # the command joint order of action_node: not the model's
 COMMAND_ORDER = ("gripper", "elbow_flex", "shoulder_pan", "wrist_roll", "shoulder_lift", "wrist_flex")

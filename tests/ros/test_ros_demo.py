@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-
 from replay_helpers import assert_demo_at_rate
 from skips import require_module
 
