@@ -44,6 +44,7 @@ ISA = {
     "amx_gemm": (("-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
                  ("avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")),
     "vnni_gemm": (("-mavx512bw", "-mavx512vnni"), ("avx512bw", "avx512_vnni")),
+    "vnni_attention": (("-mavx512bw", "-mavx512vnni"), ("avx512bw", "avx512_vnni")),
 }
 
 

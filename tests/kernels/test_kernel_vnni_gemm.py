@@ -1,5 +1,5 @@
 """Our AVX512-VNNI int8 GEMM (kernels/csrc/vnni_gemm.c) against float64 on fresh random inputs: every fused
-epilogue and the residual, shapes around its 12-row blocks, 32-column blocks and 4-wide K groups; rows of very
+epilogue and the residual, shapes around its 10-row blocks, 32-column blocks and 4-wide K groups; rows of very
 different magnitudes; non-finite and zero rows; through the registered impl (int8_vnni, as the dispatch builds
 it) against oneDNN's dynamic int8 and fp32; and its refusal on a CPU without AVX512-VNNI."""
 import pytest
@@ -46,7 +46,7 @@ def _quantised(x, w):
 
 @needs_vnni
 @pytest.mark.parametrize("post", ["none", "gelu_tanh", "silu_glu"])
-@pytest.mark.parametrize("m,k,n", [(1, 4, 16), (7, 100, 50), (12, 64, 32), (13, 33, 96), (25, 5, 3), (50, 720, 4096),
+@pytest.mark.parametrize("m,k,n", [(1, 4, 16), (7, 100, 50), (10, 64, 32), (11, 36, 64), (12, 64, 32), (13, 33, 96), (25, 5, 3), (50, 720, 4096),
                                    (50, 2048, 720), (241, 130, 40), (250, 96, 34)])
 def test_vnni_gemm_matches_float64(post, m, k, n, gen):
     """Against float64 of the quantised operands (tight), and of the float ones (the int8 bound); with and
