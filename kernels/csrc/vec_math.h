@@ -47,6 +47,21 @@ static inline __m512 exp2_fast_ps(__m512 t) {
 /* Lanes [0, n) of a 16-lane vector (n in [0, 16]). */
 static inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
 
+/* max |x[c] - mean[c]| over c < d (mean NULL: max |x[c]|), and in *bad whether a value is a NaN or an
+ * infinity. */
+static inline float absmax_ps(const float *x, const float *mean, int64_t d, int *bad) {
+  __m512 a = _mm512_setzero_ps();
+  __mmask16 nf = 0;
+  for (int64_t c = 0; c < d; c += 16) {
+    const __mmask16 t = tail_mask(d - c);
+    const __m512 v = _mm512_maskz_loadu_ps(t, x + c);
+    nf |= _mm512_mask_fpclass_ps_mask(t, v, 0x99); /* QNaN, SNaN, +inf, -inf */
+    a = _mm512_max_ps(a, _mm512_abs_ps(mean ? _mm512_sub_ps(v, _mm512_maskz_loadu_ps(t, mean + c)) : v));
+  }
+  *bad = nf != 0;
+  return _mm512_reduce_max_ps(a);
+}
+
 /* 16 bf16 values (lanes in m, zero elsewhere) -> fp32, exactly. */
 static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));

@@ -67,16 +67,6 @@ int64_t edgefm_vnni_attention_scratch(int64_t lk, int64_t d) {
   return off[12];
 }
 
-/* 1 when any of the n floats is a NaN or an infinity. */
-static int nonfinite(const float *x, int64_t n) {
-  __mmask16 bad = 0;
-  for (int64_t c = 0; c < n; c += 16) {
-    const __mmask16 m = tail_mask(n - c);
-    bad |= _mm512_mask_fpclass_ps_mask(m, _mm512_maskz_loadu_ps(m, x + c), 0x99);
-  }
-  return bad != 0;
-}
-
 /* Per-channel mean of n rows [n][d] (row stride ld) -> mean [d]. */
 static void column_mean(const float *x, int64_t ld, int64_t n, int64_t d, float *mean) {
   for (int64_t c = 0; c < d; c += 16) {
@@ -85,20 +75,6 @@ static void column_mean(const float *x, int64_t ld, int64_t n, int64_t d, float 
     for (int64_t j = 0; j < n; ++j) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(t, x + j * ld + c));
     _mm512_mask_storeu_ps(mean + c, t, _mm512_div_ps(acc, _mm512_set1_ps((float)n)));
   }
-}
-
-/* max |x[c] - mean[c]| over c < d, and whether a value is a NaN or an infinity. */
-static float row_absmax(const float *x, const float *mean, int64_t d, int *bad) {
-  __m512 a = _mm512_setzero_ps();
-  __mmask16 nf = 0;
-  for (int64_t c = 0; c < d; c += 16) {
-    const __mmask16 t = tail_mask(d - c);
-    const __m512 v = _mm512_maskz_loadu_ps(t, x + c);
-    nf |= _mm512_mask_fpclass_ps_mask(t, v, 0x99); /* QNaN, SNaN, +inf, -inf */
-    a = _mm512_max_ps(a, _mm512_abs_ps(mean ? _mm512_sub_ps(v, _mm512_maskz_loadu_ps(t, mean + c)) : v));
-  }
-  *bad = nf != 0;
-  return _mm512_reduce_max_ps(a);
 }
 
 /* 16 values (lanes t) of (x - mean) * inv, rounded to nearest even -> int32 (zero outside t). */
@@ -118,7 +94,7 @@ static int pack_keys(const float *k, int64_t ldk, int64_t lk, int64_t d, const d
   int any = 0;
   for (int64_t j = 0; j < lk; ++j) {
     int bad;
-    const float a = row_absmax(k + j * ldk, kmean, d, &bad);
+    const float a = absmax_ps(k + j * ldk, kmean, d, &bad);
     any |= bad;
     if (bad || a == 0.0f) continue;
     const __m512 inv = _mm512_set1_ps(127.0f / a);
@@ -189,7 +165,7 @@ static void quantize_queries(const float *q, int64_t ldq, int rows, int64_t d, c
   for (int r = 0; r < rows; ++r) {
     const float *x = q + r * ldq;
     int bad;
-    const float a = row_absmax(x, NULL, d, &bad);
+    const float a = absmax_ps(x, NULL, d, &bad);
     if (bad || a == 0.0f) {
       qs[r] = bad ? NAN : 0.0f;
       continue;

@@ -34,15 +34,8 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx, int
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < m; ++r) {
     const float *xr = x + r * ldx;
-    __m512 amax = _mm512_setzero_ps();
-    __mmask16 bad = 0;
-    for (int64_t c = 0; c < k; c += 16) {
-      const __mmask16 mk = tail_mask(k - c);
-      const __m512 v = _mm512_maskz_loadu_ps(mk, xr + c);
-      bad |= _mm512_mask_fpclass_ps_mask(mk, v, 0x99); /* QNaN, SNaN, +inf, -inf */
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-    }
-    const float a = _mm512_reduce_max_ps(amax);
+    int bad;
+    const float a = absmax_ps(xr, NULL, k, &bad);
     int8_t *blk = qa + (r / MR) * kg * MR * 4 + (r % MR) * 4;
     if (bad || a == 0.0f) {
       for (int64_t g = 0; g < kg; ++g) memset(blk + g * MR * 4, 0, 4);
