@@ -88,40 +88,35 @@ register(Impl("attention", "sdpa", lambda spec, params: SdpaAttention(**params),
               doc="torch SDPA, additive finfo.min mask; KV heads repeated or grouped inside SDPA (gqa=native)"))
 
 
-class Avx512Attention:
-    """Whole-row fp32 attention on AVX-512 (cpu_attention.py, csrc/attention.c); other activation dtypes
-    are cast in and the result back (exact mode, its target, is fp32 throughout)."""
+class Fp32KernelAttention:
+    """One of our compiled fp32-in, fp32-out attention kernels (``kernel(q, k, v, mask)``); other activation
+    dtypes are cast in and the result back."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
 
     def __call__(self, q, k, v, mask):
         if q.dtype == torch.float32:
-            return cpu_attention.attention(q, k, v, mask)
-        return cpu_attention.attention(q.float(), k.float(), v.float(), mask).to(q.dtype)
+            return self.kernel(q, k, v, mask)
+        return self.kernel(q.float(), k.float(), v.float(), mask).to(q.dtype)
 
 
 def _check_avx512(spec: OpSpec, params) -> str | None:
     return _check_heads(spec, params) or native.avx512_check(cpu_attention.NAME)(spec, params)
 
 
-register(Impl("attention", "avx512", lambda spec, params: Avx512Attention(), check=_check_avx512,
+register(Impl("attention", "avx512", lambda spec, params: Fp32KernelAttention(cpu_attention.attention),
+              check=_check_avx512,
               doc="whole score rows in fp32 with AVX-512 (csrc/attention.c): keys packed per head, 64-key "
                   "blocks shared by all rows of a 48-query block; bool mask, GQA"))
 
 
-class VnniAttention:
-    """int8 attention on AVX512-VNNI (vnni_attention.py, csrc/vnni_attention.c); other activation dtypes are
-    cast in and the result back (fast mode without AMX keeps fp32 activations)."""
-
-    def __call__(self, q, k, v, mask):
-        if q.dtype == torch.float32:
-            return vnni_attention.attention(q, k, v, mask)
-        return vnni_attention.attention(q.float(), k.float(), v.float(), mask).to(q.dtype)
-
-
 def _check_vnni(spec: OpSpec, params) -> str | None:
-    return (_check_heads(spec, params) or native.avx512_check(vnni_attention.NAME)(spec, params))
+    return _check_heads(spec, params) or native.avx512_check(vnni_attention.NAME)(spec, params)
 
 
-register(Impl("attention", "int8_vnni", lambda spec, params: VnniAttention(), check=_check_vnni, precision="int8",
+register(Impl("attention", "int8_vnni", lambda spec, params: Fp32KernelAttention(vnni_attention.attention),
+              check=_check_vnni, precision="int8",
               doc="int8 q k^T and p v on AVX512-VNNI (csrc/vnni_attention.c): keys centred and quantised per "
                   "key, queries per row, p in bytes, values centred per channel; fp32 softmax over whole rows; "
                   "bool mask, GQA"))

@@ -14,10 +14,11 @@
  * infinity gives a NaN output row; so does every row of a head whose keys hold one; a value channel with
  * one gives a NaN output column.
  *
- * One thread owns one (batch, head) at a time: it packs that head's keys as [key groups of 16][D/4][16][4]
- * bytes (one 64-byte load = 16 keys x 4 dims) and values as [Lk/4][channels][4] (one load = 16 channels x 4
- * keys), then runs the queries in blocks of BQ rows. Register blocks: 6 rows x 64 keys for the scores, 6 rows
- * x 64 channels for p v, 24 accumulators each as named variables (as an array gcc kept them on the stack).
+ * A thread owns one (batch, KV head) and its query heads at a time (grouped query heads share one packing:
+ * for the expert's 15 heads over 5 KV heads the packing was half the work): it packs that KV head's keys as
+ * [key groups of 16][D/4][16][4] bytes (one 64-byte load = 16 keys x 4 dims) and values as [Lk/4][channels][4]
+ * (one load = 16 channels x 4 keys), then runs each query head's rows in blocks of BQ. Register blocks: 6 rows
+ * x 64 keys for the scores, 6 rows x 64 channels for p v, 24 accumulators each as named variables.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -101,8 +102,8 @@ static int pack_keys(const float *k, int64_t ldk, int64_t lk, int64_t d, const d
     sk[j] = a / 127.0f;
     uint8_t *dst = kt + (j / 16) * s->d4 * 64 + (j % 16) * 4;
     for (int64_t c = 0; c < d; c += 16) {
-      const __m128i b = _mm_xor_si128(_mm512_cvtsepi32_epi8(quantize16(k + j * ldk + c, kmean + c, inv, tail_mask(d - c))),
-                                      _mm_set1_epi8((char)0x80)); /* q + 128 */
+      const __m512i q = quantize16(k + j * ldk + c, kmean + c, inv, tail_mask(d - c));
+      const __m128i b = _mm_xor_si128(_mm512_cvtsepi32_epi8(q), _mm_set1_epi8((char)0x80)); /* q + 128 */
       int32_t quads[4];
       _mm_storeu_si128((__m128i *)quads, b);
       for (int64_t i = 0; i < 4 && c / 4 + i < s->d4; ++i) memcpy(dst + (c / 4 + i) * 64, quads + i, 4);
@@ -228,7 +229,8 @@ static void score_block(const int8_t *q8, int64_t d4, const uint8_t *kt, int32_t
  * the last block) are left out of the rows' running maxima vmax [6]; so are masked keys, whose scores are set
  * to MASKED. mrows: the first nrows rows' mask bytes for these keys (row stride ldm) or NULL. */
 static void scores_from(const int32_t *acc, const float *qs, const int32_t *qsum, const float *sk, float scale,
-                        int64_t valid, const uint8_t *mrows, int nrows, int64_t ldm, float *s, int64_t lds, __m512 *vmax) {
+                        int64_t valid, const uint8_t *mrows, int nrows, int64_t ldm, float *s, int64_t lds,
+                        __m512 *vmax) {
   for (int r = 0; r < RS; ++r) {
     const __m512i off = _mm512_set1_epi32(128 * qsum[r]);
     const __m512 f = _mm512_set1_ps(qs[r] * scale);
@@ -290,17 +292,25 @@ void edgefm_vnni_attention(const float *q, int64_t qb, int64_t qh, int64_t ql, c
   scale *= 1.4426950408889634f; /* log2 e */
   int64_t off[13];
   layout(lk, d, off);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  const int64_t group = h / hkv; /* query heads per KV head: a thread takes a whole group, packing K and V once */
+#pragma omp parallel num_threads(threads)
+  {
+  int64_t packed = -1; /* the (batch, KV head) this thread's scratch holds */
+  int kbad = 0;
+#pragma omp for schedule(dynamic, group)
   for (int64_t bh = 0; bh < b * h; ++bh) {
-    const int64_t bi = bh / h, hi = bh % h, kvh = hi / (h / hkv);
+    const int64_t bi = bh / h, hi = bh % h, kvh = hi / group;
     uint8_t *base = scratch + (int64_t)omp_get_thread_num() * off[12];
     uint8_t *kt = base + off[0], *p8 = base + off[10];
     float *sk = (float *)(base + off[1]), *sv = (float *)(base + off[3]), *vmean = (float *)(base + off[4]);
     float *kmean = (float *)(base + off[5]), *qs = (float *)(base + off[7]), *sc = (float *)(base + off[9]);
     int8_t *vp = (int8_t *)(base + off[2]), *q8 = (int8_t *)(base + off[6]);
     int32_t *qsum = (int32_t *)(base + off[8]), *psum = (int32_t *)(base + off[11]);
-    const int kbad = pack_keys(k + bi * kb + kvh * kh, kl, lk, d, &s, kmean, kt, sk);
-    pack_values(v + bi * vb + kvh * vh, vl, lk, d, &s, vp, sv, vmean);
+    if (packed != bi * hkv + kvh) {
+      kbad = pack_keys(k + bi * kb + kvh * kh, kl, lk, d, &s, kmean, kt, sk);
+      pack_values(v + bi * vb + kvh * vh, vl, lk, d, &s, vp, sv, vmean);
+      packed = bi * hkv + kvh;
+    }
     int32_t acc[RS * 64] __attribute__((aligned(64)));
     __m512 vmax[BQ];
     for (int64_t q0 = 0; q0 < lq; q0 += BQ) {
@@ -332,5 +342,6 @@ void edgefm_vnni_attention(const float *q, int64_t qb, int64_t qh, int64_t ql, c
           }
         }
     }
+  }
   }
 }
