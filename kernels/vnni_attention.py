@@ -62,18 +62,23 @@ def _q8(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x * inv), s
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The kernel's arithmetic in float64 PyTorch (rounding points identical; the kernel rounds in fp32)."""
-    q, k, v = q.double(), k.double(), v.double()
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    qq, qs = _q8(q, -1)
-    kc = k - k.mean(dim=2, keepdim=True)
-    kq, ks = _q8(kc, -1)
+def p_bytes(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, H, Lq, Lk] float64: the kernel's rounded p = round(255 exp(s - row max)) for q [B, H, Lq, D] and
+    k [B, H, Lk, D] (KV heads already repeated), in float64 PyTorch."""
+    qq, qs = _q8(q.double(), -1)
+    kd = k.double()
+    kq, ks = _q8(kd - kd.mean(dim=2, keepdim=True), -1)
     s = (qq @ kq.transpose(2, 3)) * qs * ks.transpose(2, 3) * q.shape[-1] ** -0.5
     if mask is not None:
         s = torch.where(mask[:, None], s, torch.finfo(torch.float32).min)
-    p = torch.round(torch.exp(s - s.amax(-1, keepdim=True)) * 255)
+    return torch.round(torch.exp(s - s.amax(-1, keepdim=True)) * 255)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's arithmetic in float64 PyTorch (rounding points identical; the kernel rounds in fp32)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.double().repeat_interleave(groups, dim=1)
+    p = p_bytes(q, k, mask)
     vm = v.mean(dim=2, keepdim=True)
     vq, vs = _q8(v - vm, 2)
     return (p @ vq) / p.sum(-1, keepdim=True) * vs + vm

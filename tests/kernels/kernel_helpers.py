@@ -26,6 +26,8 @@ def faked_cpu(monkeypatch, cache_dir, drop=(), add=(), caches=()):
     finally:
         for f in forget:
             f.cache_clear()
+
+
 # max |out - ref| / max |ref| allowed, by the coarser of the impl's precision and the input dtype
 BOUNDS = {"fp32": 2e-5, "bf16": 3e-2, "int8": 6e-2}
 

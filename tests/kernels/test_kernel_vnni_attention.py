@@ -27,13 +27,8 @@ BOUND_INT8 = 0.08
 def _units(q, k, v, mask):
     """[B, H, Lq, D] float64: the reference's one-byte-of-p unit per output."""
     g = q.shape[1] // k.shape[1]
-    kd, vd = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
-    qq, qs = vnni_attention._q8(q.double(), -1)
-    kq, ks = vnni_attention._q8(kd - kd.mean(2, keepdim=True), -1)
-    s = (qq @ kq.transpose(2, 3)) * qs * ks.transpose(2, 3) * q.shape[-1] ** -0.5
-    if mask is not None:
-        s = torch.where(mask[:, None], s, torch.finfo(torch.float32).min)
-    psum = torch.round(torch.exp(s - s.amax(-1, keepdim=True)) * 255).sum(-1, keepdim=True)
+    vd = v.double().repeat_interleave(g, 1)
+    psum = vnni_attention.p_bytes(q, k.repeat_interleave(g, 1), mask).sum(-1, keepdim=True)
     vrange = (vd - vd.mean(2, keepdim=True)).abs().amax(2, keepdim=True)  # [B, H, 1, D]
     return (vrange / psum).clamp_min(1e-6)  # a constant channel (one key) is exact: its mean
 
