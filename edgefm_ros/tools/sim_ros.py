@@ -274,7 +274,7 @@ def outcomes_and_timing(run, windows: Sequence[Window], results: Sequence[dict],
                         guard_s: float = 0.0) -> tuple[list[EpisodeOutcome], dict]:
     """Per-episode outcomes (commands, chunk boundaries) and the graph's timing over the episodes. Commands
     stamped within ``guard_s`` of an episode start are the old episode's (sim_node ignores them)."""
-    from edgefm_ros.tools.bag.analyze import percentiles
+    from edgefm_ros.tools.bag.analyze import percentiles, period_counts
 
     cmd_t = np.asarray(run.cmd_stamp, dtype=np.float64)
     cmd_p = run.positions.reshape(len(cmd_t), -1) if len(cmd_t) else np.zeros((0, 4))
@@ -309,7 +309,7 @@ def outcomes_and_timing(run, windows: Sequence[Window], results: Sequence[dict],
     err = percentiles(np.abs(d - period) * 1e3) if d.size else percentiles([])
     control = {"rate_hz": float(1.0 / d.mean()) if d.size else math.nan, "period_error_ms_p50": err["p50"],
                "period_error_ms_p99": err["p99"], "period_error_ms_max": err["max"],
-               "missed": float(np.sum(np.maximum(np.round(d / period) - 1, 0))) if d.size else math.nan,
+               **(period_counts(d, period) if d.size else dict.fromkeys(("missed", "early", "stalls"), math.nan)),
                "commands": int(sum(len(o.commands) for o in outcomes))}
     total_under = int(st_u[-1] - st_u[0]) if st_u.size else 0
     rtf = [r["real_time_factor"] for r in results if r.get("real_time_factor") is not None]

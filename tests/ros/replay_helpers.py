@@ -78,6 +78,14 @@ def assert_demo_at_rate(summary: dict, hz: float) -> None:
                     "early": summary["early_commands"]}, hz, summary["realtime"])
 
 
+def assert_sim_at_rate(report: dict) -> None:
+    """``assert_at_rate`` on an ``edgefm-sim`` report's control timing (the commands inside the episodes),
+    judged as normally scheduled."""
+    c = report["control"]
+    assert_at_rate({"err_p50_ms": c["period_error_ms_p50"], "commands": c["commands"], "rate_hz": c["rate_hz"],
+                    "stalls": c["stalls"], "early": c["early"]}, report["control_hz"], realtime=False)
+
+
 def realtime_expected() -> bool:
     """Whether action_node's control thread should get SCHED_FIFO: node_params asks for it when root, and
     this machine must grant it (tried on a throw-away thread)."""

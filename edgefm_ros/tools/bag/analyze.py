@@ -109,6 +109,16 @@ def percentiles(x, qs=(50, 99)) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(a, q)) for q in qs} | {"max": float(a.max())}
 
 
+def period_counts(d: np.ndarray, period: float) -> dict[str, float]:
+    """From the intervals ``d`` between consecutive commands (seconds): missed, periods skipped by a late
+    command; early, commands less than half a period after the last (a catch-up after a stall); stalls, late
+    commands as events (one stall of the process, however many periods it skipped). Counted apart: summed, one
+    early command would hide a missed one."""
+    ticks = np.round(np.asarray(d) / period)  # periods between consecutive commands
+    return {"missed": float(np.sum(np.maximum(ticks - 1, 0))), "early": float(np.sum(ticks == 0)),
+            "stalls": float(np.sum(ticks >= 2))}
+
+
 def command_timing(run: Run, period: float, t0: float = -np.inf, t1: float = np.inf) -> dict[str, float]:
     """Rate and |period error| of the commands stamped within [t0, t1]."""
     t = np.asarray(run.cmd_stamp, dtype=np.float64)
@@ -118,12 +128,6 @@ def command_timing(run: Run, period: float, t0: float = -np.inf, t1: float = np.
                 "err_p99_ms": float("nan"), "err_max_ms": float("nan"), "missed": float("nan"), "early": float("nan"),
                 "stalls": float("nan")}
     d = np.diff(t)
-    err = np.abs(d - period) * 1e3
-    p = percentiles(err)
-    ticks = np.round(d / period)  # periods between consecutive commands
-    # missed: periods skipped by a late command; early: a command less than half a period after the last
-    # (a catch-up after a stall). Counted apart: summed, one early command would hide a missed one.
-    # stalls: late commands as events (one stall of the process, however many periods it skipped)
+    p = percentiles(np.abs(d - period) * 1e3)
     return {"commands": float(t.size), "rate_hz": (t.size - 1) / (t[-1] - t[0]), "err_p50_ms": p["p50"],
-            "err_p99_ms": p["p99"], "err_max_ms": p["max"], "missed": float(np.sum(np.maximum(ticks - 1, 0))),
-            "early": float(np.sum(ticks == 0)), "stalls": float(np.sum(ticks >= 2))}
+            "err_p99_ms": p["p99"], "err_max_ms": p["max"], **period_counts(d, period)}
