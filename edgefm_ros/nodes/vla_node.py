@@ -4,8 +4,11 @@ Lifecycle: configure loads the model (Engine.from_checkpoint), makes the publish
 subscribes, all in one place; ``_release`` undoes all of it, for a failed configure as for cleanup, error
 processing and shutdown (so a configure that failed can simply be tried again); activate warms the engine up
 and starts the worker thread; deactivate stops taking new work.
-Callbacks only validate and cache sensor data; a QueueStatus asking for a chunk puts a snapshot in a
-one-slot buffer that the worker turns into an Observation (or refuses: stale, missing camera, ...).
+Callbacks only validate and cache sensor data; a QueueStatus asking for a chunk puts a request in a
+one-slot buffer that the worker turns into an Observation (or refuses: stale, missing camera, ...). Camera
+frames are not taken by the executor: their subscriptions keep the newest frame of each camera, which the
+worker takes when it serves a request (ros/on_demand.py), so the frames a chunk does not use are never
+deserialised or converted.
 The router's latest decision picks edge or cloud; control/placement.py runs the request there (the cloud falls
 back to the edge on any error or a missed deadline: "edge-fallback"), with real-time chunking's prefix and delay
 on every placement, and in shadow mode (``shadow_fraction`` > 0, ros/shadow.py) a share of routed requests on
@@ -41,6 +44,7 @@ from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.convert import chunk_to_msg, image_msg_to_rgb, msg_to_route, to_sec
 from edgefm_ros.ros.joints import JointOrder
+from edgefm_ros.ros.on_demand import OnDemandSubscriptions
 from edgefm_ros.ros.observation import Frame, RefusalCounter, Refusal, SensorCache, Snapshot, assemble
 from edgefm_ros.ros.params import declare
 from edgefm_ros.ros.shadow import Shadow, ShadowConfig
@@ -116,6 +120,7 @@ class VlaNode(LifecycleNode):
         self._route: tuple[RouteDecision, float] | None = None  # (decision, received at)
         self._seq = 0
         self._subs: list = []
+        self._cameras: OnDemandSubscriptions | None = None  # made at configure
         self._chunk_pub = None  # made at configure
         self._link_pub = None  # made at configure when the node makes its own cloud client
         self._reset_stats()
@@ -164,10 +169,10 @@ class VlaNode(LifecycleNode):
                 self.remote = make_remote_policy(c, log, LinkSamples(self._link_pub))
                 self._own_remote = self.remote is not None
             self._chunk_pub = self.create_lifecycle_publisher(ActionChunkMsg, c.chunk_topic, qos.RELIABLE)
+            self._cameras = OnDemandSubscriptions(self, "cameras")
             for topic, key, transport in zip(c.camera_topics, c.camera_keys, c.transports):
                 mtype = CompressedImage if transport == "compressed" else Image
-                self._subs.append(self.create_subscription(
-                    mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR))
+                self._cameras.subscribe(mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR_NEWEST)
             self._subs += qos.instruction_subscriptions(self, String, c.instruction_topic, self._on_instruction)
             self._subs += [
                 self.create_subscription(JointState, c.joint_states_topic, self._on_joint_state, qos.SENSOR),
@@ -245,6 +250,9 @@ class VlaNode(LifecycleNode):
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs = []
+        if self._cameras is not None:
+            self._cameras.close()
+            self._cameras = None
         if self._chunk_pub is not None:
             self.destroy_lifecycle_publisher(self._chunk_pub)
             self._chunk_pub = None
@@ -352,13 +360,14 @@ class VlaNode(LifecycleNode):
                 return
             self._requester.started()
         # an empty queue: the robot holds, it executes nothing of the last chunk (nothing to continue)
-        self._slot.put((self.cache.snapshot(now), self._route, msg.queue_size == 0))
+        self._slot.put((self._route, msg.queue_size == 0))
 
     # worker ----------------------------------------------------------------------------------------------
-    def _serve(self, item: tuple[Snapshot, tuple[RouteDecision, float] | None, bool]) -> None:
+    def _serve(self, item: tuple[tuple[RouteDecision, float] | None, bool]) -> None:
         seq = 0
         try:
-            seq = self._compute(*item)
+            self._cameras.take()  # each camera's newest frame, converted here, on the worker
+            seq = self._compute(self.cache.snapshot(self._now()), *item)
         except Exception as e:  # never let one bad chunk kill the worker
             self.errors += 1
             self.get_logger().error(f"inference failed: {e!r}", throttle_duration_sec=2.0)
@@ -455,6 +464,9 @@ class VlaNode(LifecycleNode):
                       "rtc_prefix_rows": r.prefix.shape[0] if r is not None else 0,
                       "rtc_latency_estimate_ms": p.rtc_estimate[0] * 1e3,
                       "rtc_delay_estimate_ticks": p.rtc_estimate[1]})
+        if self._cameras is not None:
+            self._cameras.take()  # live camera ages while no chunk is asked for
+            v["frames_taken"] = self._cameras.taken
         snap = self.cache.snapshot(now)
         for key in self.cfg.camera_keys:
             f = snap.frames.get(key)

@@ -9,6 +9,9 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 # Cameras and joint states: the newest sample matters, a lost one does not (REP 2003 sensor data).
 SENSOR = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5, reliability=ReliabilityPolicy.BEST_EFFORT,
                     durability=DurabilityPolicy.VOLATILE)
+# Cameras read on demand (ros/on_demand.py): the newest frame only, older ones overwritten unread.
+SENSOR_NEWEST = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
+                           durability=DurabilityPolicy.VOLATILE)
 # The instruction's publishers (bag replay, sim_node, a task planner): a late subscriber still gets the
 # current task.
 LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
