@@ -3,9 +3,15 @@
 A camera at 30 Hz sends frames the model never sees: vla_node uses one per camera per chunk. Taking each
 480x640 frame from DDS, deserialising it into Python and converting it cost vla_node's executor thread
 70-100% of a core with three cameras on a 2-core host, a core the model needed. Here the subscriptions
-belong to a helper node in a private executor that no thread spins. Each keeps only its newest message
-(depth 1: DDS overwrites the older one, which is never taken or converted), and ``take()``, called where the
-data is needed (the worker, when a chunk is requested), runs the callbacks of the messages waiting then.
+belong to a helper node that no executor spins. Each keeps only its newest message (depth 1: DDS overwrites
+the older one, which is never taken or converted), and ``take()``, called where the data is needed (the
+worker, when a chunk is requested), takes the message waiting on each subscription, if any, and runs its
+callback on the calling thread.
+
+Why not a private executor spun by ``take()``: rclpy's executor keeps the generator of its last wait between
+``spin_once`` calls, and with a zero timeout that generator's next step raises a timeout whatever is waiting.
+So a spin after one that emptied the wait set did nothing: with three topics and three spins per take, each
+take left one of the last two topics (in turn) holding the message of the take before. The subscription's own take (what the executor calls) has no such state.
 
 The helper node is ``<owner>_<suffix>`` in the owner's namespace; the process's remappings apply to it as to
 the owner (its own name excepted).
@@ -16,7 +22,6 @@ import threading
 from typing import Callable
 
 import rclpy
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import QoSProfile
 
 
@@ -29,8 +34,7 @@ class OnDemandSubscriptions:
         self.node = rclpy.create_node(name, namespace=owner.get_namespace(), context=owner.context,
                                       cli_args=["--ros-args", "-r", f"__node:={name}"],
                                       start_parameter_services=False)
-        self._executor = SingleThreadedExecutor(context=owner.context)
-        self._executor.add_node(self.node)
+        self._subs: list = []  # (subscription, callback)
         self._lock = threading.Lock()  # take() from the worker and from diagnostics
         self.taken = 0  # messages delivered by take()
 
@@ -41,24 +45,22 @@ class OnDemandSubscriptions:
             raise ValueError(f"an on-demand subscription keeps the newest message only: qos depth must be 1, "
                              f"got {qos.depth}")
 
-        def counted(msg) -> None:
-            self.taken += 1
-            callback(msg)
-
-        self.node.create_subscription(msg_type, topic, counted, qos)
+        sub = self.node.create_subscription(msg_type, topic, callback, qos)
+        self._subs.append((sub, callback))
 
     def take(self) -> None:
-        """Run the callbacks of the messages waiting now (at most one per subscription), on this thread."""
+        """Run each subscription's callback on the message waiting there now, if any, on this thread."""
         with self._lock:
-            # each spin runs one ready callback or returns at once; the node's own subscriptions (/clock
-            # under use_sim_time) count too
-            for _ in range(sum(1 for _ in self.node.subscriptions)):
-                self._executor.spin_once(timeout_sec=0.0)
+            for sub, callback in self._subs:
+                with sub.handle:  # rclpy's executor takes a message the same way
+                    got = sub.handle.take_message(sub.msg_type, sub.raw)  # (message, info) or None
+                if got is not None:
+                    self.taken += 1
+                    callback(got[0])
 
     def close(self) -> None:
         with self._lock:
-            self._executor.remove_node(self.node)
-            self._executor.shutdown(timeout_sec=0.0)
+            self._subs = []
             self.node.destroy_node()
 
 

@@ -74,6 +74,47 @@ def test_take_delivers_the_newest_message_once(ros, ctx):
         pub_node.destroy_node()
 
 
+def test_every_take_gets_every_topics_newest(ros, ctx):
+    """Three topics, each published once per round: every take gets all three (a private executor spun by
+    take() left one of the last two a round behind)."""
+    from std_msgs.msg import Int64
+
+    from edgefm_ros.ros import qos
+    from edgefm_ros.ros.on_demand import OnDemandSubscriptions
+
+    from rclpy.executors import SingleThreadedExecutor
+
+    owner = ros.create_node("owner", context=ctx, use_global_arguments=False)
+    pub_node = ros.create_node("publisher_side", context=ctx, use_global_arguments=False)
+    witness = ros.create_node("witness", context=ctx, use_global_arguments=False)
+    sub = OnDemandSubscriptions(owner)
+    keys = ("a", "b", "c")
+    got: dict[str, list[int]] = {k: [] for k in keys}
+    seen: dict[str, int] = {}
+    ex = SingleThreadedExecutor(context=ctx)
+    ex.add_node(witness)
+    try:
+        for k in keys:
+            sub.subscribe(Int64, f"/rounds_{k}", lambda m, k=k: got[k].append(m.data), qos.SENSOR_NEWEST)
+            witness.create_subscription(Int64, f"/rounds_{k}", lambda m, k=k: seen.__setitem__(k, m.data), qos.RELIABLE)
+        pubs = {k: pub_node.create_publisher(Int64, f"/rounds_{k}", qos.RELIABLE) for k in keys}
+        assert _wait(lambda: all(p.get_subscription_count() == 2 for p in pubs.values()))
+        for r in range(6):
+            value = int(RNG.integers(0, 2**40))
+            for p in pubs.values():
+                p.publish(Int64(data=value))
+            # delivered to this process (the witness has all three), then one take
+            assert _wait(lambda: (ex.spin_once(timeout_sec=0.01), all(seen.get(k) == value for k in keys))[1])
+            time.sleep(0.05)
+            sub.take()
+            assert all(got[k][-1] == value and len(got[k]) == r + 1 for k in keys), (r, value, got)
+    finally:
+        ex.shutdown()
+        sub.close()
+        for n in (owner, pub_node, witness):
+            n.destroy_node()
+
+
 def test_deeper_history_is_refused(ros, ctx):
     from std_msgs.msg import Int64
 
