@@ -467,6 +467,7 @@ class VlaNode(LifecycleNode):
         if self._cameras is not None:
             self._cameras.take()  # live camera ages while no chunk is asked for
             v["frames_taken"] = self._cameras.taken
+            v["frames_take_failed"] = self._cameras.failed
         snap = self.cache.snapshot(now)
         for key in self.cfg.camera_keys:
             f = snap.frames.get(key)

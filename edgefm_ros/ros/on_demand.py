@@ -2,7 +2,8 @@
 
 A camera at 30 Hz sends frames the model never sees: vla_node uses one per camera per chunk. Taking each
 480x640 frame from DDS, deserialising it into Python and converting it cost vla_node's executor thread
-70-100% of a core with three cameras on a 2-core host, a core the model needed. Here the subscriptions
+70-100% of a core with three cameras on a 2-core Intel host (6% on a Zen 4 one), a core the model needed.
+Here the subscriptions
 belong to a helper node that no executor spins. Each keeps only its newest message (depth 1: DDS overwrites
 the older one, which is never taken or converted), and ``take()``, called where the data is needed (the
 worker, when a chunk is requested), takes the message waiting on each subscription, if any, and runs its
@@ -11,7 +12,8 @@ callback on the calling thread.
 Why not a private executor spun by ``take()``: rclpy's executor keeps the generator of its last wait between
 ``spin_once`` calls, and with a zero timeout that generator's next step raises a timeout whatever is waiting.
 So a spin after one that emptied the wait set did nothing: with three topics and three spins per take, each
-take left one of the last two topics (in turn) holding the message of the take before. The subscription's own take (what the executor calls) has no such state.
+take left one of the last two topics (in turn) holding the message of the take before. The subscription's
+own take (what the executor calls) has no such state.
 
 The helper node is ``<owner>_<suffix>`` in the owner's namespace; the process's remappings apply to it as to
 the owner (its own name excepted).
@@ -34,9 +36,11 @@ class OnDemandSubscriptions:
         self.node = rclpy.create_node(name, namespace=owner.get_namespace(), context=owner.context,
                                       cli_args=["--ros-args", "-r", f"__node:={name}"],
                                       start_parameter_services=False)
-        self._subs: list = []  # (subscription, callback)
+        self._log = owner.get_logger()
+        self._subs: list = []  # (subscription, topic)
         self._lock = threading.Lock()  # take() from the worker and from diagnostics
         self.taken = 0  # messages delivered by take()
+        self.failed = 0  # takes that raised (logged; the other subscriptions are still taken)
 
     def subscribe(self, msg_type, topic: str, callback: Callable, qos: QoSProfile) -> None:
         """``callback(msg)`` for the newest message on ``topic`` at each ``take()``; ``qos`` must keep one
@@ -44,19 +48,22 @@ class OnDemandSubscriptions:
         if qos.depth != 1:
             raise ValueError(f"an on-demand subscription keeps the newest message only: qos depth must be 1, "
                              f"got {qos.depth}")
-
-        sub = self.node.create_subscription(msg_type, topic, callback, qos)
-        self._subs.append((sub, callback))
+        self._subs.append((self.node.create_subscription(msg_type, topic, callback, qos), topic))
 
     def take(self) -> None:
         """Run each subscription's callback on the message waiting there now, if any, on this thread."""
         with self._lock:
-            for sub, callback in self._subs:
-                with sub.handle:  # rclpy's executor takes a message the same way
-                    got = sub.handle.take_message(sub.msg_type, sub.raw)  # (message, info) or None
+            for sub, topic in self._subs:
+                try:
+                    with sub.handle:  # rclpy's executor takes a message the same way
+                        got = sub.handle.take_message(sub.msg_type, sub.raw)  # (message, info) or None
+                except Exception as e:  # a message the middleware cannot deserialise: logged, never raised
+                    self.failed += 1
+                    self._log.warning(f"cannot take a message on {topic}: {e}", throttle_duration_sec=2.0)
+                    continue
                 if got is not None:
                     self.taken += 1
-                    callback(got[0])
+                    sub.callback(got[0])
 
     def close(self) -> None:
         with self._lock:

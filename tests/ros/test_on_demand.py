@@ -115,6 +115,34 @@ def test_every_take_gets_every_topics_newest(ros, ctx):
             n.destroy_node()
 
 
+def test_a_take_that_fails_is_counted_not_raised(ros, ctx):
+    """A subscription whose take raises (here: destroyed under it) is logged and counted; the others are
+    still taken."""
+    from std_msgs.msg import Int64
+
+    from edgefm_ros.ros import qos
+    from edgefm_ros.ros.on_demand import OnDemandSubscriptions
+
+    owner = ros.create_node("owner", context=ctx, use_global_arguments=False)
+    pub_node = ros.create_node("publisher_side", context=ctx, use_global_arguments=False)
+    sub = OnDemandSubscriptions(owner)
+    got: list[int] = []
+    try:
+        sub.subscribe(Int64, "/broken", lambda m: got.append(-1), qos.SENSOR_NEWEST)
+        sub.subscribe(Int64, "/fine", lambda m: got.append(m.data), qos.SENSOR_NEWEST)
+        pub = pub_node.create_publisher(Int64, "/fine", qos.RELIABLE)
+        assert _wait(lambda: pub.get_subscription_count() == 1)
+        sub.node.destroy_subscription(next(s for s in sub.node.subscriptions if s.topic_name == "/broken"))
+        value = int(RNG.integers(0, 2**40))
+        pub.publish(Int64(data=value))
+        assert _wait(lambda: (sub.take(), got)[1])
+        assert got == [value] and sub.taken == 1 and sub.failed >= 1
+    finally:
+        sub.close()
+        owner.destroy_node()
+        pub_node.destroy_node()
+
+
 def test_deeper_history_is_refused(ros, ctx):
     from std_msgs.msg import Int64
 
@@ -150,7 +178,8 @@ def test_vla_node_converts_only_the_frames_it_uses(ros, ros_domain_id, tiny_mode
     keys = ["observation.images.camera1", "observation.images.camera2"]
     node = VlaNode(context=c, parameter_overrides=[Parameter(k, value=v) for k, v in dict(
         checkpoint=ckpt, vlm_dir=vlm, threads=1, camera_topics=["/od_c1", "/od_c2"], camera_keys=keys,
-        camera_transports=["raw", "raw"], state_joint_names=[f"j{i}" for i in range(6)]).items()])
+        camera_transports=["raw", "raw"], state_joint_names=[f"j{i}" for i in range(6)],
+        diagnostics_period_s=60.0).items()])  # diagnostics take frames too: not during this test
     peer = ros.create_node("camera_side", context=c)
     ex = SingleThreadedExecutor(context=c)
     try:
