@@ -3,11 +3,10 @@
 A camera at 30 Hz sends frames the model never sees: vla_node uses one per camera per chunk. Taking each
 480x640 frame from DDS, deserialising it into Python and converting it cost vla_node's executor thread
 70-100% of a core with three cameras on a 2-core Intel host (6% on a Zen 4 one), a core the model needed.
-Here the subscriptions
-belong to a helper node that no executor spins. Each keeps only its newest message (depth 1: DDS overwrites
-the older one, which is never taken or converted), and ``take()``, called where the data is needed (the
-worker, when a chunk is requested), takes the message waiting on each subscription, if any, and runs its
-callback on the calling thread.
+Here the subscriptions belong to a helper node that no executor spins. Each keeps only its newest message
+(depth 1: DDS overwrites the older one, which is never taken or converted), and ``take()``, called where the
+data is needed (the worker, when a chunk is requested), takes the message waiting on each subscription, if
+any, and runs its callback on the calling thread.
 
 Why not a private executor spun by ``take()``: rclpy's executor keeps the generator of its last wait between
 ``spin_once`` calls, and with a zero timeout that generator's next step raises a timeout whatever is waiting.

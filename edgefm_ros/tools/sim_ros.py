@@ -309,7 +309,7 @@ def outcomes_and_timing(run, windows: Sequence[Window], results: Sequence[dict],
     err = percentiles(np.abs(d - period) * 1e3) if d.size else percentiles([])
     control = {"rate_hz": float(1.0 / d.mean()) if d.size else math.nan, "period_error_ms_p50": err["p50"],
                "period_error_ms_p99": err["p99"], "period_error_ms_max": err["max"],
-               **(period_counts(d, period) if d.size else dict.fromkeys(("missed", "early", "stalls"), math.nan)),
+               **period_counts(d, period),
                "commands": int(sum(len(o.commands) for o in outcomes))}
     total_under = int(st_u[-1] - st_u[0]) if st_u.size else 0
     rtf = [r["real_time_factor"] for r in results if r.get("real_time_factor") is not None]

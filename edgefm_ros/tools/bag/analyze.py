@@ -113,8 +113,10 @@ def period_counts(d: np.ndarray, period: float) -> dict[str, float]:
     """From the intervals ``d`` between consecutive commands (seconds): missed, periods skipped by a late
     command; early, commands less than half a period after the last (a catch-up after a stall); stalls, late
     commands as events (one stall of the process, however many periods it skipped). Counted apart: summed, one
-    early command would hide a missed one."""
-    ticks = np.round(np.asarray(d) / period)  # periods between consecutive commands
+    early command would hide a missed one. All NaN for no interval."""
+    ticks = np.round(np.asarray(d, dtype=np.float64) / period)  # periods between consecutive commands
+    if ticks.size == 0:
+        return dict.fromkeys(("missed", "early", "stalls"), float("nan"))
     return {"missed": float(np.sum(np.maximum(ticks - 1, 0))), "early": float(np.sum(ticks == 0)),
             "stalls": float(np.sum(ticks >= 2))}
 
@@ -125,8 +127,7 @@ def command_timing(run: Run, period: float, t0: float = -np.inf, t1: float = np.
     t = t[(t >= t0) & (t <= t1)]
     if t.size < 2:
         return {"commands": float(t.size), "rate_hz": float("nan"), "err_p50_ms": float("nan"),
-                "err_p99_ms": float("nan"), "err_max_ms": float("nan"), "missed": float("nan"), "early": float("nan"),
-                "stalls": float("nan")}
+                "err_p99_ms": float("nan"), "err_max_ms": float("nan"), **period_counts([], period)}
     d = np.diff(t)
     p = percentiles(np.abs(d - period) * 1e3)
     return {"commands": float(t.size), "rate_hz": (t.size - 1) / (t[-1] - t[0]), "err_p50_ms": p["p50"],
