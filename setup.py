@@ -35,6 +35,7 @@ setup(
             "edgefm-demo=edgefm_ros.tools.demo:main",
             "edgefm-llm=edgefm_ros.tools.llm_cli:main",
             "edgefm-sim=edgefm_ros.tools.sim_cli:main",
+            "edgefm-shm-clean=edgefm_ros.housekeeping.shm:main",
         ],
     },
 )

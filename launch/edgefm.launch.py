@@ -16,8 +16,10 @@ from launch.substitutions import PathJoinSubstitution
 from launch_ros.substitutions import FindPackageShare
 
 from edgefm_ros.ros.launch_args import declare, graph_nodes
+from edgefm_ros.ros.launch_housekeeping import housekeeping_actions
 
 
 def generate_launch_description():
     robot_params = PathJoinSubstitution([FindPackageShare("edgefm_ros"), "config", "edgefm.yaml"])
-    return LaunchDescription(declare(params_file=robot_params) + [OpaqueFunction(function=graph_nodes)])
+    return LaunchDescription(housekeeping_actions() + declare(params_file=robot_params)
+                             + [OpaqueFunction(function=graph_nodes)])

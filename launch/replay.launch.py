@@ -16,11 +16,13 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.substitutions import FindPackageShare
 
 from edgefm_ros.ros.launch_args import declare
+from edgefm_ros.ros.launch_housekeeping import housekeeping_actions
 
 
 def generate_launch_description():
     share = FindPackageShare("edgefm_ros")
     return LaunchDescription([
+        *housekeeping_actions(),
         DeclareLaunchArgument("bag", description="rosbag2 bag to replay"),
         DeclareLaunchArgument("record", default_value="edgefm_record", description="output bag"),
         DeclareLaunchArgument("rate", default_value="1.0", description="replay time factor"),

@@ -16,11 +16,14 @@ from launch_ros.actions import LifecycleNode, Node
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 
+from edgefm_ros.ros.launch_housekeeping import housekeeping_actions
+
 
 def generate_launch_description():
     share = FindPackageShare("edgefm_ros")
     params = LaunchConfiguration("params_file")
     return LaunchDescription([
+        *housekeeping_actions(),
         DeclareLaunchArgument("params_file", default_value=PathJoinSubstitution([share, "config", "sim.yaml"]),
                               description="parameters of every node"),
         DeclareLaunchArgument("checkpoint",

@@ -40,6 +40,10 @@ class OnDemandSubscriptions:
         self._lock = threading.Lock()  # take() from the worker and from diagnostics
         self.taken = 0  # messages delivered by take()
         self.failed = 0  # takes that raised (logged; the other subscriptions are still taken)
+        # a process that exits while the owner is active (never cleaned up) shuts its context down: this node
+        # must be gone by then, or the context cannot finalize and the DDS participant, with its shared-memory
+        # segments, outlives the process (edgefm_ros/ros/spin.py)
+        owner.context.on_shutdown(self.close)
 
     def subscribe(self, msg_type, topic: str, callback: Callable, qos: QoSProfile) -> None:
         """``callback(msg)`` for the newest message on ``topic`` at each ``take()``; ``qos`` must keep one
@@ -67,7 +71,9 @@ class OnDemandSubscriptions:
     def close(self) -> None:
         with self._lock:
             self._subs = []
-            self.node.destroy_node()
+            if self.node is not None:
+                self.node.destroy_node()
+                self.node = None
 
 
 __all__ = ["OnDemandSubscriptions"]

@@ -113,11 +113,25 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
             stop(node)
         executor.remove_node(node)
         executor.shutdown(timeout_sec=1.0)
-        node.destroy_node()
+        destroy_node(node)
         rclpy.try_shutdown()
         context.destroy()
         request.ignore_further()
     return exit_now(0) if exit_process else 0
+
+
+def destroy_node(node) -> None:
+    """``node.destroy_node()``, and for a lifecycle node its state machine as well.
+
+    rclpy's LifecycleNode keeps its state machine (a native object holding the node's handle) until the
+    Python object is collected; ``destroy_node`` alone leaves the rcl node alive, so the context cannot
+    finalize and the DDS participant is never deleted. Its shared-memory segments (Fast DDS removes them
+    when the participant goes) then outlive the process that exits without finalizers (``exit_now``):
+    about 70 MB in /dev/shm per lifecycle node and stop."""
+    node.destroy_node()
+    machine = getattr(node, "_state_machine", None)
+    if machine is not None:
+        machine.destroy_when_not_in_use()
 
 
 def process_executor():

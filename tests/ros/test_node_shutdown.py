@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from edgefm_ros.housekeeping import shm
 from replay_helpers import CAMERAS, JOINTS, node_params
 
 BOUND_S = 12.0  # signal -> exit (launch would send SIGTERM after 5 s and SIGKILL after 10 s)
@@ -198,6 +199,8 @@ def test_node_exits_0_on_signal_in_every_state(ros, tiny_model, tmp_path, ros_do
                 time.sleep(0.05)
             assert server.accepted, "vla_node made no cloud call"
         assert proc.poll() is None, f"{name} exited early: {(tmp_path / 'node.log').read_text()}"
+        owned = shm.owned_by(proc.pid)  # its participant's segment and listening ports
+        assert any(shm.SEGMENT.match(n) for n in owned), f"{name} holds no Fast DDS segment: {owned}"
         t0 = time.monotonic()
         proc.send_signal(sig)
         rc = proc.wait(BOUND_S + 5)
@@ -213,5 +216,40 @@ def test_node_exits_0_on_signal_in_every_state(ros, tiny_model, tmp_path, ros_do
     assert rc == 0, f"{name} in state {state}: exit {rc} after {sig.name}\n{text[-3000:]}"
     assert took < BOUND_S, f"{name} took {took:.1f}s to exit"
     assert f"{sig.name}: shutting down" in text
+    left = [n for n in owned if (shm.SHM_DIR / n).exists()]
+    assert not left, f"{name} in state {state}: its shared-memory files outlived it after {sig.name}: {left}"
     if state == "inference":
         assert "observation refused" not in text, text[-2000:]  # the request was taken: inference in hand
+
+
+def test_sigkilled_node_leaves_segments_that_clean_removes(ros, tiny_model, tmp_path, ros_domain_id):
+    """SIGKILL runs nothing in the node: its segment stays in /dev/shm until the clean-up (what the launch
+    files, the demo and the eval tools run at start) removes it; a live participant's files stay."""
+    from edgefm_ros.tools.bag.session import node_command, params_yaml
+
+    params = node_params(tiny_model)
+    (tmp_path / "params.yaml").write_text(params_yaml({"action_node": params["action_node"]}))
+    with open(tmp_path / "node.log", "wb") as log:
+        proc = subprocess.Popen(node_command("action_node") + ["--ros-args", "--params-file",
+                                                               str(tmp_path / "params.yaml")],
+                                stdout=log, stderr=subprocess.STDOUT)
+    driver = Driver(ros_domain_id)
+    try:
+        driver.wait_up("action_node")
+        owned = shm.owned_by(proc.pid)
+        mine = shm.owned_by(__import__("os").getpid())  # the driver's participant: alive throughout
+        assert any(shm.SEGMENT.match(n) for n in owned) and any(shm.SEGMENT.match(n) for n in mine)
+        proc.kill()
+        proc.wait(10)
+        assert all((shm.SHM_DIR / n).exists() for n in owned if shm.SEGMENT.match(n)), "SIGKILL removed files?"
+        result = shm.clean()
+        for n in owned:
+            assert not (shm.SHM_DIR / n).exists(), f"{n} of the killed node survived the clean-up"
+            assert not (shm.SHM_DIR / (n + "_el")).exists()
+        assert set(n for n in owned if shm.SEGMENT.match(n)) <= set(result.removed)
+        for n in mine:
+            assert (shm.SHM_DIR / n).exists(), f"the clean-up removed {n} of a live participant"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        driver.close()
