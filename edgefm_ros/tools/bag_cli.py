@@ -4,6 +4,7 @@
     edgefm-bag play BAG [--rate 1.0 --loop --remap /a:=/b ... --topics ... --no-restamp]
     edgefm-bag record OUT [--topics ... | all topics] [--duration S]
     edgefm-bag info BAG
+    edgefm-bag to-dataset BAG... --out DIR [--map FILE.yaml] [--fps N] [--images] (docs/recordings.md)
 """
 from __future__ import annotations
 
@@ -44,7 +45,33 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--storage", choices=("sqlite3", "mcap"), default="sqlite3")
     i = sub.add_parser("info", help="topics and message counts of a bag")
     i.add_argument("bag")
+    _to_dataset_parser(sub)
     return p
+
+
+def _to_dataset_parser(sub) -> None:
+    d = sub.add_parser("to-dataset", help="convert recorded bags into a LeRobot v3.0 dataset (docs/recordings.md)")
+    d.add_argument("bags", nargs="+", metavar="BAG")
+    d.add_argument("--out", required=True, help="dataset directory to create (must not exist)")
+    d.add_argument("--map", default=None, metavar="FILE.yaml", help="topic mapping (default: this package's topics)")
+    d.add_argument("--fps", type=int, default=None, help="dataset frame rate (default: the mapping's, else 20)")
+    d.add_argument("--images", action="store_true", help="cameras as PNG images in the parquet instead of MP4 video")
+    d.add_argument("--state-topic", default=None)
+    d.add_argument("--state-joints", default=None, help="comma-separated joint names, in order")
+    d.add_argument("--action-topic", default=None)
+    d.add_argument("--action-joints", default=None, help="comma-separated joint names, in order")
+    d.add_argument("--camera", action="append", default=None, metavar="KEY=TOPIC",
+                   help="a camera (repeat for each; replaces the mapping's cameras)")
+    d.add_argument("--instruction-topic", default=None, help='std_msgs/String instruction ("" for none)')
+    d.add_argument("--events-topic", default=None, help='std_msgs/String JSON episode events ("" for none)')
+    d.add_argument("--task", default=None, help="task text where the bag has no instruction")
+    d.add_argument("--clock", choices=("header", "bag"), default=None, help="message time (default: header)")
+    d.add_argument("--max-age", type=float, default=None, help="seconds a stream's sample may be old at a tick")
+    d.add_argument("--gap", type=float, default=None, help="a pause this long (s) ends an episode without events")
+    d.add_argument("--chunk-size", type=int, default=16, help="an episode must keep this many frames (default 16)")
+    d.add_argument("--skip-short", action="store_true", help="leave out shorter episodes instead of failing")
+    d.add_argument("--vcodec", default="libsvtav1", help="libsvtav1 (LeRobot's default) | h264 | hevc")
+    d.add_argument("--crf", type=int, default=30)
 
 
 def _ros_args() -> list[str]:
@@ -131,13 +158,47 @@ def _info(a) -> int:
     return 0
 
 
+def _to_dataset(a) -> int:
+    import dataclasses
+    import time
+
+    from edgefm_ros.datasets.convert import ConvertConfig, convert_bags
+    from edgefm_ros.datasets.mapping import DatasetMapping, load_mapping, parse_camera_arg
+    from edgefm_ros.datasets.progress import ProgressPrinter
+    from edgefm_ros.datasets.video import VideoConfig
+
+    m = load_mapping(a.map) if a.map else DatasetMapping()
+    joints = lambda s: tuple(j.strip() for j in s.split(",") if j.strip())  # noqa: E731
+    for name in ("state", "action"):
+        src = getattr(m, name)
+        topic, names = getattr(a, f"{name}_topic"), getattr(a, f"{name}_joints")
+        if topic is not None or names is not None:
+            src = dataclasses.replace(src, topic=topic or src.topic,
+                                      joints=joints(names) if names is not None else (() if topic else src.joints))
+            m = dataclasses.replace(m, **{name: src})
+    kw = {k: v for k, v in (("instruction", a.instruction_topic), ("events", a.events_topic), ("task", a.task),
+                            ("clock", a.clock), ("max_age_s", a.max_age), ("gap_s", a.gap)) if v is not None}
+    if a.camera:
+        kw["cameras"] = tuple(parse_camera_arg(c) for c in a.camera)
+    m = dataclasses.replace(m, **kw)
+    cfg = ConvertConfig(fps=a.fps or m.fps or 20, chunk_size=a.chunk_size, images=a.images,
+                        video=VideoConfig(vcodec=a.vcodec, crf=a.crf), skip_short=a.skip_short)
+    t0 = time.perf_counter()
+    report = convert_bags(a.bags, a.out, m, cfg, ProgressPrinter(sys.stderr))
+    for line in report.lines():
+        print(line)
+    print(f"wrote {a.out} in {time.perf_counter() - t0:.1f}s (report: {a.out}/meta/conversion_report.json)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--ros-args" in argv:
         argv = argv[:argv.index("--ros-args")]
     a = _parser().parse_args(argv)
     try:
-        return {"make": _make, "play": _play, "record": _record, "info": _info}[a.cmd](a)
+        return {"make": _make, "play": _play, "record": _record, "info": _info,
+                "to-dataset": _to_dataset}[a.cmd](a)
     except BrokenPipeError:
         # the reader of stdout went away (the launcher was killed) after the work was done: the summary
         # is lost, the bag is not; stdout goes nowhere so that the exit does not fail on it again
