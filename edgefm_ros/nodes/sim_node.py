@@ -74,6 +74,8 @@ class SimNode(LifecycleNode):
         self.stop_timeout_s = STOP_TIMEOUT_S
         self._pubs: list = []  # lifecycle publishers, made at configure
         self._subs: list = []
+        self._truth_pub = None  # ground_truth_topic's publisher (configured with one), and its names
+        self._truth_names: list[str] = []
         self._last_reject_at = -math.inf  # monotonic time of the last refused command
         self.render_ms = RollingStats()
         self.step_ms = RollingStats()
@@ -117,6 +119,11 @@ class SimNode(LifecycleNode):
             self._jpeg_pubs = [pub(CompressedImage, t.rstrip("/") + "/compressed", qos.SENSOR)
                                for t in c.camera_topics] if c.publish_compressed else []
             self._state_pub = pub(JointState, c.joint_states_topic, qos.SENSOR)
+            if c.ground_truth_topic:  # privileged: for a scripted operator (tools/teleop_node.py), never a policy
+                from edgefm_ros.sim.teleop import GROUND_TRUTH_NAMES
+
+                self._truth_names = list(GROUND_TRUTH_NAMES)
+                self._truth_pub = pub(JointState, c.ground_truth_topic, qos.SENSOR)
             self._task_pub = pub(String, c.instruction_topic, qos.LATCHED)
             self._event_pub = pub(String, c.events_topic, qos.RELIABLE)
             self._start_pub = pub(Header, c.episode_start_topic, qos.RELIABLE)
@@ -191,6 +198,7 @@ class SimNode(LifecycleNode):
         for pub in self._pubs:
             self.destroy_lifecycle_publisher(pub)
         self._subs, self._pubs = [], []
+        self._truth_pub = None
         self.live = self.env = None
         return True
 
@@ -334,6 +342,10 @@ class SimNode(LifecycleNode):
         m = JointState(name=list(self.cfg.joint_names), position=[float(x) for x in s])
         m.header.stamp = to_stamp(now)
         self._state_pub.publish(m)
+        if self._truth_pub is not None:
+            g = JointState(name=self._truth_names, position=[float(x) for x in self.env.observation()])
+            g.header.stamp = m.header.stamp
+            self._truth_pub.publish(g)
 
     def _publish_cameras(self, now: float) -> None:
         frames = self.env.render()  # name -> uint8 (H, W, 3)

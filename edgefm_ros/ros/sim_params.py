@@ -41,6 +41,10 @@ PARAMS = (
               "rate.", range=(10.0, 1000.0)),
     ParamSpec("joint_states_topic", "str", "/joint_states", "Output: sensor_msgs/JointState (ee_x, ee_y, ee_z, "
               "gripper)."),
+    ParamSpec("ground_truth_topic", "str", "", "Output (privileged: for scripted operators and tests, never a "
+              "policy's input): sensor_msgs/JointState of the simulator's full state, Meta-World's observation "
+              "(hand, gripper, object poses, goal; names: edgefm_ros.sim.teleop.GROUND_TRUTH_NAMES), stamped "
+              "like the joint state it goes with. Empty: not published."),
     ParamSpec("instruction_topic", "str", "/instruction", "Output: std_msgs/String, the episode's instruction "
               "(reliable, transient local)."),
     ParamSpec("events_topic", "str", "sim/events", "Output: std_msgs/String JSON per episode event (start, "
@@ -78,6 +82,7 @@ class SimNodeConfig:
     camera_rate_hz: float
     state_rate_hz: float
     joint_states_topic: str
+    ground_truth_topic: str
     instruction_topic: str
     events_topic: str
     episode_start_topic: str

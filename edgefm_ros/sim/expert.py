@@ -42,11 +42,16 @@ class Expert:
     def __call__(self, env: SimEnv) -> np.ndarray:
         if env.task is None or env.task.name != self.task:
             raise ValueError(f"expert for {self.task!r} asked about task {getattr(env.task, 'name', None)!r}")
+        return self.command(env.observation(), env.reference(), env.config.ticks_per_command)
+
+    def command(self, observation: np.ndarray, reference: np.ndarray, ticks_per_command: int) -> np.ndarray:
+        """The next absolute command from Meta-World's observation [39] and the target the controller holds
+        now (xyz, m): ``reference`` moved by what the policy asks for over ``ticks_per_command`` ticks."""
         with warnings.catch_warnings():  # "Constant(s) may be too high": its gains saturate by design
             warnings.simplefilter("ignore", UserWarning)
-            a = np.asarray(self.policy.get_action(env.observation()), dtype=np.float64)  # [4]
+            a = np.asarray(self.policy.get_action(np.asarray(observation, dtype=np.float64)), dtype=np.float64)
         d = np.clip(a[:3], -self.speed, self.speed)  # a velocity cap; the gain near the target stays
-        xyz = env.reference() + env.config.ticks_per_command * MAX_STEP_M * d
+        xyz = np.asarray(reference, dtype=np.float64) + ticks_per_command * MAX_STEP_M * d
         return np.concatenate([xyz, [np.clip(a[3], -1.0, 1.0)]]).astype(np.float32)
 
 

@@ -14,7 +14,8 @@ DEFAULTS = TrainConfig()
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", required=True, help="demonstration dataset directory (edgefm-sim collect)")
+    p.add_argument("--dataset", required=True, help="LeRobot v3.0 dataset directory (edgefm-sim collect, "
+                   "edgefm-bag to-dataset; video or image cameras)")
     p.add_argument("--out", required=True, help="checkpoint directory to write (LeRobot layout)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--arch", default=None, choices=sorted(ARCHS), help="from scratch (default: tiny)")
@@ -39,8 +40,7 @@ def recipe_from_args(args) -> TrainConfig:
 
 
 def run_train(args) -> int:
-    from edgefm_ros.sim.dataset import read_dataset
-
+    from .data import read_demos
     from .trainer import train
 
     cfg = recipe_from_args(args)  # ValueError naming a bad value before anything is read
@@ -56,7 +56,7 @@ def run_train(args) -> int:
     command = " ".join(["edgefm-vla"] + [shlex.quote(a) for a in sys.argv[1:]])
     try:
         try:
-            demos = read_dataset(Path(args.dataset))
+            demos = read_demos(Path(args.dataset))
         except FileNotFoundError as e:
             raise ValueError(f"--dataset: {e}") from None
         result = train(demos, args.out, cfg, arch=None if args.init else (args.arch or "tiny"), init=args.init,

@@ -8,14 +8,19 @@ LeRobot's ``delta_timestamps`` query does (clamped index, ``action_is_pad``).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
+from edgefm_ros.datasets.reader import camera_features, read_lerobot_dataset
 from edgefm_ros.runtime.preprocess import ModelInputs, Preprocessor
+from edgefm_ros.sim.dataset import EPISODES_PATH, read_dataset
 
 
 class Demos(Protocol):
@@ -101,3 +106,19 @@ class ChunkBatcher:
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         pick = torch.randint(0, self.size, (batch_size,), generator=generator).numpy()
         return self.batch(self.frames[pick])
+
+
+def read_demos(root) -> Demos:
+    """A LeRobot v3.0 dataset for training: one with MP4 video cameras, or without this package's per-episode
+    columns (success, task_name, seed), through edgefm_ros.datasets.reader (PyAV); the simulator's own image
+    datasets through edgefm_ros.sim.dataset.read_dataset, as before."""
+    root = Path(root)
+    info_path = root / "meta" / "info.json"
+    if not info_path.is_file():
+        raise FileNotFoundError(f"{root} is not a dataset: {info_path} is missing")
+    info = json.loads(info_path.read_text())
+    episodes = root / EPISODES_PATH
+    sim_columns = episodes.is_file() and {"success", "task_name", "seed"} <= set(pq.read_schema(episodes).names)
+    if "video" in camera_features(info).values() or not sim_columns:
+        return read_lerobot_dataset(root)
+    return read_dataset(root)
