@@ -3,6 +3,7 @@
     edgefm-sim collect --out /work/data/metaworld-demos --episodes-per-task 100      # expert demos (train seeds)
     edgefm-sim eval --seeds 1000-1019 --exec sync                                    # closed loop, one process
     edgefm-sim eval --checkpoint CKPT --tasks reach,push --seeds 1000-1019 --exec ros --json eval.json
+    edgefm-sim teach --tasks reach --seeds 0-49 --bag demos/reach    # demonstrations through the ROS graph, to a bag
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 from edgefm_ros.sim.tasks import EVAL_SEEDS, TASKS, TRAIN_SEEDS, parse_seeds, parse_tasks
+from edgefm_ros.tools.teach import add_teach_args, cmd_teach
 
 
 def _image_hw(text: str) -> tuple[int, int]:
@@ -111,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--allow-train-seeds", action="store_true")
     e.add_argument("--json", default=None, help="write the report here")
     e.set_defaults(func=cmd_eval)
+    t = sub.add_parser("teach", help="demonstrations through the ROS graph: sim_node driven by a teleoperation "
+                       "device (the scripted expert), recorded with edgefm-bag record")
+    add_teach_args(t)
+    t.set_defaults(func=cmd_teach)
     return ap
 
 

@@ -29,10 +29,12 @@ import yaml
 
 from edgefm_ros.sim.paths import share_file
 from edgefm_ros.sim.tasks import get_task
-from edgefm_ros.tools.bag.make import STORAGES
-from edgefm_ros.tools.bag.session import node_command, params_yaml
-from edgefm_ros.tools.teleop_node import GROUND_TRUTH_TOPIC, NODE_NAME as OPERATOR
 
+# rclpy, the nodes' modules and rosbags are imported where a session runs, so that `edgefm-sim` (whose parser
+# holds this subcommand) starts without them.
+STORAGES = ("mcap", "sqlite3")  # edgefm-bag record's storages (tools/bag/make.STORAGES)
+OPERATOR = "teleop_operator"  # tools/teleop_node.NODE_NAME
+GROUND_TRUTH_TOPIC = "sim/ground_truth"  # sim_node's ground_truth_topic, the operator's input
 COMMAND_TOPIC = "/edgefm/command"
 EVENTS_TOPIC = "/sim/events"
 RESET_TOPIC = "/sim/reset"
@@ -220,6 +222,8 @@ class _Graph:
         """Nodes and recorder up, every recorded topic subscribed, then the first episode started."""
         from std_msgs.msg import String
 
+        from edgefm_ros.tools.bag.session import node_command
+
         ros = ["--ros-args", "--params-file", str(params_file)]
         self._start("sim_node", node_command("sim_node") + ros)
         self._start("operator", [sys.executable, "-m", "edgefm_ros.tools.teleop_node"] + ros)
@@ -270,6 +274,8 @@ def run_teach(cfg: TeachConfig, workdir: str | Path | None = None,
     """Teach ``cfg.episodes`` through the graph into ``cfg.bag``; the summary (bag_summary plus the wall time).
     ``workdir`` keeps the processes' logs and params (default: a temporary one, kept when something fails).
     RuntimeError naming the logs when a process dies, the graph does not come up, or episodes are missing."""
+    from edgefm_ros.tools.bag.session import params_yaml
+
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="edgefm-teach-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
