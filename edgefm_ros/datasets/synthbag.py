@@ -48,6 +48,7 @@ class SynthConfig:
     latency_ms: float = 2.0  # receive time = stamp + this (+ up to 1 ms of jitter)
     start_s: float = 1_700_000_000.0  # the first stamp
     seed: int = 0
+    frame_code: bool = False  # each frame one flat colour that encodes its message's ordinal (frame_code_of)
     # bad recordings
     nan_state_at_s: float | None = None  # a NaN in the state message nearest this time (from the first stamp)
     out_of_order_at_s: float | None = None  # the state message nearest this time is stamped 30 ms earlier
@@ -71,6 +72,18 @@ class SynthConfig:
 def camera_topic(name: str, transport: str = "raw") -> str:
     """Where sim_node publishes camera ``name`` (image_transport's name for the JPEG stream)."""
     return f"/{name}/image_raw" + ("/compressed" if transport == "compressed" else "")
+
+
+def code_frame(k: int, cam: int, h: int, w: int) -> np.ndarray:
+    """A flat frame that survives video coding: red and green encode ordinal k (0..899), blue the camera."""
+    rgb = (8 + 8 * (k % 30), 8 + 8 * ((k // 30) % 30), 40 + 50 * (cam % 4))
+    return np.broadcast_to(np.asarray(rgb, dtype=np.uint8), (h, w, 3)).copy()
+
+
+def frame_code_of(rgb: np.ndarray) -> int:
+    """The ordinal a (decoded) code_frame holds."""
+    r, g = (float(np.median(rgb[..., c])) for c in (0, 1))
+    return int(round((r - 8) / 8)) + 30 * int(round((g - 8) / 8))
 
 
 def arm_state(t: float) -> np.ndarray:
@@ -143,7 +156,7 @@ def write_synthetic_bag(cfg: SynthConfig) -> dict:
     def header(x: float, frame: str = ""):
         return T["std_msgs/msg/Header"](stamp=stamp(x), frame_id=frame)
 
-    current = {"task": None}
+    cam_count = [0] * len(cfg.cameras)
     with Writer(cfg.out, version=9, storage_plugin=STORAGES[cfg.storage]) as w:
         conns = {}
 
@@ -162,7 +175,9 @@ def write_synthetic_bag(cfg: SynthConfig) -> dict:
             if kind == "camera":
                 if cfg.camera_dropout_s and i == 0 and cfg.camera_dropout_s[0] <= x < cfg.camera_dropout_s[1]:
                     continue
-                rgb = frames.frame(i, x)
+                rgb = (code_frame(cam_count[i], i, cfg.height, cfg.width) if cfg.frame_code
+                       else frames.frame(i, x))
+                cam_count[i] += 1
                 topic = camera_topic(cfg.cameras[i], cfg.transport)
                 if cfg.transport == "raw":
                     msg = T["sensor_msgs/msg/Image"](header=header(x, cfg.cameras[i]), height=cfg.height,
@@ -189,7 +204,6 @@ def write_synthetic_bag(cfg: SynthConfig) -> dict:
             elif kind == "start":
                 a, _, task = spans[i]
                 text = TASK_TEXT.get(task, task)
-                current["task"] = text
                 if cfg.instruction:
                     write("/instruction", "std_msgs/msg/String", T["std_msgs/msg/String"](data=text), x)
                 if cfg.events:

@@ -124,5 +124,5 @@ def probe_video(path: str | Path) -> dict:
     """codec, pix_fmt, width, height, frames, fps of a file's first video stream (for checks and reports)."""
     with av.open(str(path)) as c:
         s = c.streams.video[0]
-        return {"codec": s.codec_context.name, "pix_fmt": s.pix_fmt, "width": s.width, "height": s.height,
+        return {"codec": s.codec.canonical_name, "pix_fmt": s.pix_fmt, "width": s.width, "height": s.height,
                 "frames": s.frames, "fps": float(s.average_rate) if s.average_rate else None}
