@@ -188,6 +188,7 @@ def convert_bags(bags: Sequence[str | Path], out: str | Path, mapping: DatasetMa
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    writer = None
     try:
         writer = DatasetWriter(tmp, fps=cfg.fps, state_names=names_s, action_names=names_a,
                                cameras=[c.key for c in mapping.cameras], images=cfg.images, video=cfg.video,
@@ -206,6 +207,8 @@ def convert_bags(bags: Sequence[str | Path], out: str | Path, mapping: DatasetMa
         report.write(tmp / "meta" / "conversion_report.json")
         os.rename(tmp, out)
     except BaseException:
+        if writer is not None:
+            writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report

@@ -219,6 +219,17 @@ class DatasetWriter:
             self._writer = None
             self._data_file += 1
 
+    def abort(self) -> None:
+        """Close the open files after a failure (the caller removes the directory)."""
+        for v in self._videos.values():
+            try:
+                v.close()
+            except Exception:  # the encoder's own error: the files are discarded anyway
+                pass
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
     # metadata ------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Finish the files and write meta/ (every episode's frames must have arrived)."""
