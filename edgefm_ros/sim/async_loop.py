@@ -27,6 +27,7 @@ from edgefm_ros.control.queue import ActionQueue, TickGrid
 from edgefm_ros.control.request import queue_state
 from edgefm_ros.control.rtc import ChunkContinuation
 from edgefm_ros.sim.env import SimEnv
+from edgefm_ros.sim.episode import episode_setup
 from edgefm_ros.sim.rollout import EpisodeResult
 from edgefm_ros.sim.tasks import get_task
 from edgefm_ros.types import Observation
@@ -36,12 +37,16 @@ _EPS = 1e-9
 
 def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: str, latency_s: float,
                       threshold: float = 0.5, max_seconds: float | None = None,
-                      cameras: Sequence[str] = ("scene", "wrist")) -> EpisodeResult:
+                      cameras: Sequence[str] = ("scene", "wrist"), conditions: str = "clean",
+                      phrasings: str = "canonical") -> EpisodeResult:
     """One episode; commands and chunk boundaries as in the sync loop (a boundary: the first tick commanded
-    from a new chunk). ``aggregate="rtc"`` turns real-time chunking on in the policy too."""
+    from a new chunk). ``aggregate="rtc"`` turns real-time chunking on in the policy too. ``conditions`` /
+    ``phrasings``: the episode's camera condition and instruction from its seed, as in the sync loop."""
     if not (latency_s >= 0 and math.isfinite(latency_s)):
         raise ValueError(f"latency_s must be finite and >= 0, got {latency_s!r}")
     spec = get_task(task)
+    setup = episode_setup(task, seed, conditions, phrasings)
+    camera = setup.camera()
     limit = spec.max_seconds if max_seconds is None else max_seconds
     env.reset(task, seed)
     rng = np.random.default_rng(seed)  # the noise of a seed's chunks, whatever ran before
@@ -81,9 +86,9 @@ def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: s
             commands.append(np.asarray(last_cmd, dtype=np.float32))
         qs = queue_state(len(queue), chunk_ticks, threshold)
         if pending is None and (qs.request_chunk or qs.must_go):
-            images = env.render()
+            images = camera(env.render())
             obs = Observation({keys[c]: img for c, img in images.items() if keys[c] in eng.camera_keys},
-                              env.state().astype(np.float32), spec.instruction, stamp=now)
+                              env.state().astype(np.float32), setup.instruction, stamp=now)
             req = None
             if rtc is not None:
                 if qs.must_go:
@@ -104,15 +109,18 @@ def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: s
             t_success = env.sim_time
             break
     return EpisodeResult(task, int(seed), not math.isnan(t_success), t_success,
-                         np.asarray(commands, dtype=np.float32).reshape(-1, 4), tuple(boundaries), inference)
+                         np.asarray(commands, dtype=np.float32).reshape(-1, 4), tuple(boundaries), inference,
+                         setup.condition.name, setup.instruction)
 
 
 def run_async_eval(checkpoint: str, tasks: str | Sequence[str] | None, seeds: Sequence[int], *,
                    aggregate: str = "weighted_average", delay_ms: float = 0.0, compute_ms: float = 50.0,
                    threshold: float = 0.5, max_seconds: float | None = None, vlm_dir: str | None = None,
-                   log=print, engine_mode: str = "exact") -> dict:
+                   log=print, engine_mode: str = "exact", conditions: str = "clean", phrasings: str = "canonical",
+                   image_hw: tuple[int, int] | None = None) -> dict:
     """``edgefm-sim eval --exec async``: every task x seed with chunks arriving ``compute_ms + delay_ms``
-    (simulated) after their observation; the shared report, with the smoothness of the commands."""
+    (simulated) after their observation; the shared report, with the smoothness of the commands.
+    ``conditions``, ``phrasings``, ``image_hw``: as run_sync_eval's."""
     from edgefm_ros.runtime.engine import Engine
     from edgefm_ros.sim.env import SimConfig
     from edgefm_ros.sim.report import make_report
@@ -121,7 +129,7 @@ def run_async_eval(checkpoint: str, tasks: str | Sequence[str] | None, seeds: Se
 
     st = checkpoint_settings(checkpoint)
     names = parse_tasks(tasks) if isinstance(tasks, str) else list(tasks or checkpoint_tasks(checkpoint))
-    sim = SimConfig(image_hw=st["image_hw"], cameras=st["cameras"])
+    sim = SimConfig(image_hw=tuple(image_hw or st["image_hw"]), cameras=st["cameras"])
     engine = Engine.from_checkpoint(checkpoint, vlm_dir=vlm_dir, mode=engine_mode)
     latency_s = (compute_ms + delay_ms) / 1e3
     outcomes, wall = [], []
@@ -130,15 +138,17 @@ def run_async_eval(checkpoint: str, tasks: str | Sequence[str] | None, seeds: Se
     with SimEnv(sim) as env:
         for i, (seed, task) in enumerate((s, t) for s in seeds for t in names):
             r = run_async_episode(env, engine, task, seed, aggregate=aggregate, latency_s=latency_s,
-                                  threshold=threshold, max_seconds=max_seconds, cameras=sim.cameras)
+                                  threshold=threshold, max_seconds=max_seconds, cameras=sim.cameras,
+                                  conditions=conditions, phrasings=phrasings)
             outcomes.append(r.outcome())
             wall.extend(r.inference_s)
-            log(f"[eval async {aggregate} {latency_s * 1e3:.0f} ms] {i + 1}/{total} {task}:{seed} "
+            log(f"[eval async {aggregate} {latency_s * 1e3:.0f} ms] {i + 1}/{total} {task}:{seed} [{r.condition}] "
                 f"{'success' if r.success else 'fail'}" + (f" in {r.time_to_success_s:.2f} s" if r.success else "")
                 + f" ({len(r.boundaries)} chunks, {time.perf_counter() - t0:.0f} s elapsed)")
     settings = {"seeds": ",".join(map(str, seeds)), "aggregate": aggregate, "delay_ms": delay_ms,
                 "compute_ms": compute_ms, "latency_ms": latency_s * 1e3, "chunk_size_threshold": threshold,
-                "engine_mode": engine_mode,
+                "engine_mode": engine_mode, "conditions": conditions, "phrasings": phrasings,
+                "image_hw": list(sim.image_hw),
                 "clock": "simulated: chunks arrive latency_ms after their observation, the arm keeps executing"}
     timing = {"policy_wall_ms": {"p50": float(np.percentile(np.asarray(wall) * 1e3, 50)), "count": len(wall)}}
     return make_report(outcomes, exec_mode="async-sim", checkpoint=str(checkpoint), control_hz=sim.control_hz,

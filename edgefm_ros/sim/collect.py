@@ -17,7 +17,7 @@ import numpy as np
 from edgefm_ros.sim.dataset import DatasetWriter
 from edgefm_ros.sim.env import SimConfig, SimEnv
 from edgefm_ros.sim.expert import EXPERT_SPEED, run_expert_episode
-from edgefm_ros.sim.tasks import TRAIN_SEEDS, get_task
+from edgefm_ros.sim.tasks import PHRASINGS, TRAIN_SEEDS, episode_instruction, get_task
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class CollectConfig:
     expert_speed: float = EXPERT_SPEED
     noise_m: float = 0.005  # xyz noise on the executed command, not on the recorded action (DART)
     only_success: bool = True  # False: failed episodes are written too, flagged success=False
+    phrasings: str = "varied"  # the episode's instruction: drawn from the training phrasings, or "canonical"
 
     def __post_init__(self) -> None:
         for t in self.tasks:
@@ -42,6 +43,8 @@ class CollectConfig:
             raise ValueError(f"seeds {self.first_seed}-{last} leave TRAIN_SEEDS {TRAIN_SEEDS}")
         if not (0 <= self.noise_m < 0.1):
             raise ValueError(f"CollectConfig.noise_m must be in [0, 0.1) m, got {self.noise_m!r}")
+        if self.phrasings not in PHRASINGS:
+            raise ValueError(f"CollectConfig.phrasings must be one of {PHRASINGS}, got {self.phrasings!r}")
         if not (0 <= self.tail_s < 10):
             raise ValueError(f"CollectConfig.tail_s must be in [0, 10), got {self.tail_s!r}")
 
@@ -56,7 +59,6 @@ def collect(out: str | Path, cfg: CollectConfig, sim: SimConfig = SimConfig(),
     with SimEnv(sim) as env, DatasetWriter(out, fps=sim.control_hz, image_hw=sim.image_hw,
                                            cameras=sim.cameras) as writer:
         for task in cfg.tasks:
-            spec = get_task(task)
             ok = 0
             for seed in range(cfg.first_seed, cfg.first_seed + cfg.episodes_per_task):
                 frames: dict[str, list[np.ndarray]] = {c: [] for c in sim.cameras}
@@ -74,7 +76,8 @@ def collect(out: str | Path, cfg: CollectConfig, sim: SimConfig = SimConfig(),
                 done += 1
                 if success or not cfg.only_success:
                     writer.add_episode({c: np.stack(v) for c, v in frames.items()}, np.stack(states),
-                                       np.stack(actions), spec.instruction, success=success, task=task, seed=seed)
+                                       np.stack(actions), episode_instruction(task, seed, cfg.phrasings),
+                                       success=success, task=task, seed=seed)
                     summary["episodes"] += 1
                     summary["frames"] += len(states)
                 if done % 10 == 0 or done == total:

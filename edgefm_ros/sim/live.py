@@ -9,6 +9,10 @@ not wait for its policy), commands checked before they reach the arm.
 Times are seconds on one clock (sim_node passes ROS time). Simulated time follows the wall clock 1:1 while
 an episode runs; an update that comes late advances physics by the whole gap (at most ``max_catchup_s``;
 beyond that the simulation slips, counted, and the real-time factor drops below 1).
+
+Each episode's camera condition and instruction wording come from its seed (``LiveConfig.conditions``,
+``phrasings``; sim.episode), as in the sync and async executors; ``camera(frames)`` applies the current
+episode's condition to rendered frames before they are published.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from edgefm_ros.sim.conditions import CONDITION_SETS, ConditionedCamera, draw_condition
+from edgefm_ros.sim.tasks import PHRASINGS, episode_instruction
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,14 @@ class LiveConfig:
     max_catchup_s: float = 0.25  # the most physics one update advances; a longer gap slips
     command_guard_s: float = 0.0  # commands stamped less than this after an episode start are ignored
     joint_names: tuple[str, ...] = ("ee_x", "ee_y", "ee_z", "gripper")
+    conditions: str = "clean"  # camera condition set (sim.conditions.CONDITION_SETS), drawn per episode
+    phrasings: str = "canonical"  # instruction wording per episode (sim.tasks.episode_instruction)
 
     def __post_init__(self) -> None:
+        if self.conditions not in CONDITION_SETS:
+            raise ValueError(f"LiveConfig.conditions {self.conditions!r}: one of {sorted(CONDITION_SETS)}")
+        if self.phrasings not in PHRASINGS:
+            raise ValueError(f"LiveConfig.phrasings {self.phrasings!r}: one of {PHRASINGS}")
         for name in ("timeout_s", "settle_s", "start_delay_s", "command_guard_s"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
@@ -117,12 +129,14 @@ class EpisodeRecord:
     slipped_s: float = 0.0  # wall time physics could not keep up with
     max_lag_s: float = 0.0  # longest gap between two physics updates
     sim_end: float = math.nan
+    condition: str = "clean"  # the camera condition of the episode
 
     def result(self) -> dict:
         wall = self.end - self.start
         sim = self.sim_end - self.sim_start
         return {"episode": self.index, "task": self.episode.task, "seed": self.episode.seed,
-                "instruction": self.instruction, "success": self.outcome == "success", "outcome": self.outcome,
+                "instruction": self.instruction, "condition": self.condition, "success": self.outcome == "success",
+                "outcome": self.outcome,
                 "time_to_success_s": self.time_to_success_s, "duration_s": wall, "sim_duration_s": sim,
                 "real_time_factor": sim / wall if wall > 0 else math.nan, "slipped_s": self.slipped_s,
                 "max_physics_gap_ms": self.max_lag_s * 1e3, "commands": self.commands,
@@ -164,6 +178,12 @@ class LiveSim:
         self.last_rejection = ""
         self.applied_total = 0
         self.stale_total = 0
+        self._camera: ConditionedCamera | None = None  # the current episode's condition (physics thread)
+
+    def camera(self, frames: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rendered frames {camera: uint8 [H, W, 3]} as the current episode's camera delivers them (its
+        condition applied; unchanged before the first episode). Call from the physics thread."""
+        return dict(frames) if self._camera is None else self._camera(frames)
 
     # inputs (executor thread) --------------------------------------------------------------------------------
     def command(self, names: Sequence[str], positions: Sequence[float], stamp: float, now: float) -> bool:
@@ -255,16 +275,22 @@ class LiveSim:
         self.env.reset(ep.task, ep.seed)
         if self.clock is not None:
             now = self.clock()
-        instruction = str(getattr(self.tasks[ep.task], "instruction"))
+        if self.cfg.phrasings == "canonical":
+            instruction = str(getattr(self.tasks[ep.task], "instruction"))
+        else:
+            instruction = episode_instruction(ep.task, ep.seed, self.cfg.phrasings)
+        condition = draw_condition(self.cfg.conditions, ep.seed)
+        self._camera = ConditionedCamera(condition, ep.seed)
         with self.lock:
-            self.current = EpisodeRecord(self.count, ep, instruction, now, float(self.env.sim_time))
+            self.current = EpisodeRecord(self.count, ep, instruction, now, float(self.env.sim_time),
+                                         condition=condition.name)
             self._pending = _Pending()
         self.count += 1
         self.phase = "running"
         self._wall_ref, self._asked = now, 0.0
         self._last_update = now
         return {"event": "start", "t": now, "episode": self.current.index, "task": ep.task, "seed": ep.seed,
-                "instruction": instruction}
+                "instruction": instruction, "condition": condition.name}
 
     def _finish(self, outcome: str, now: float) -> dict:
         cur = self.current

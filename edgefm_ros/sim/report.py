@@ -30,6 +30,8 @@ class EpisodeOutcome:
     commands: np.ndarray  # float [N, 4]: the commanded targets (xyz + gripper), one per control period
     boundaries: tuple[int, ...] = ()  # indices into commands where a new chunk's first action was commanded
     extra: Mapping[str, float] | None = None  # per-episode numbers an executor adds (e.g. real-time factor)
+    condition: str = "clean"  # the camera condition (sim.conditions) the episode ran under
+    instruction: str = ""  # the instruction it was given ("" when not recorded)
 
     def __post_init__(self) -> None:
         c = np.asarray(self.commands, dtype=np.float64)
@@ -78,7 +80,8 @@ def make_report(outcomes: Sequence[EpisodeOutcome], *, exec_mode: str, checkpoin
     per_ep = []
     for o in outcomes:
         s = smoothness(o.commands, period, o.boundaries)
-        per_ep.append({"task": o.task, "seed": o.seed, "success": bool(o.success),
+        per_ep.append({"task": o.task, "seed": o.seed, "condition": o.condition, "instruction": o.instruction,
+                       "success": bool(o.success),
                        "time_to_success_s": o.time_to_success_s if o.success else None,
                        "commands": int(len(o.commands)), "chunks": int(len(o.boundaries)), **s,
                        **dict(o.extra or {})})
@@ -90,6 +93,11 @@ def make_report(outcomes: Sequence[EpisodeOutcome], *, exec_mode: str, checkpoin
                        "mean_time_to_success_s": _nanmean(e["time_to_success_s"] for e in ok),
                        "rms_jerk": _nanmean(e["rms_jerk"] for e in eps),
                        "max_boundary_jump": _nanmax(e["max_boundary_jump"] for e in eps)}
+    conditions: dict[str, dict] = {}
+    for name in dict.fromkeys(o.condition for o in outcomes):
+        eps = [e for e in per_ep if e["condition"] == name]
+        ok = sum(e["success"] for e in eps)
+        conditions[name] = {"success_rate": ok / len(eps), "episodes": len(eps), "successes": ok}
     n_ok = sum(e["success"] for e in per_ep)
     report = {
         "exec": exec_mode, "checkpoint": checkpoint, "control_hz": control_hz,
@@ -97,6 +105,7 @@ def make_report(outcomes: Sequence[EpisodeOutcome], *, exec_mode: str, checkpoin
         "mean_task_success_rate": _nanmean(t["success_rate"] for t in tasks.values()),
         "mean_time_to_success_s": _nanmean(e["time_to_success_s"] for e in per_ep if e["success"]),
         "tasks": tasks,
+        "conditions": conditions,
         "smoothness": {"rms_jerk": _nanmean(e["rms_jerk"] for e in per_ep),
                        "max_boundary_jump": _nanmax(e["max_boundary_jump"] for e in per_ep),
                        "max_step": _nanmax(e["max_step"] for e in per_ep),
@@ -130,6 +139,9 @@ def format_table(report: Mapping) -> str:
     lines.append(f"{'all':<22} {report['successes']:>4}/{report['episodes']:<4} {_f(report['success_rate']):>6} "
                  f"{_f(report['mean_time_to_success_s']):>12} {_f(sm['rms_jerk'], '.1f'):>9} "
                  f"{_f(sm['max_boundary_jump'] * 1e3, '.1f'):>12}")
+    conds = report.get("conditions") or {}
+    if len(conds) > 1 or any(n != "clean" for n in conds):
+        lines.append("camera   : " + ", ".join(f"{n} {c['successes']}/{c['episodes']}" for n, c in conds.items()))
     c = report.get("control")
     if isinstance(c, Mapping):
         lines.append(f"control  : {_f(c.get('rate_hz'))} Hz (target {_f(report['control_hz'])}), |period error| "

@@ -8,7 +8,8 @@ at the env's control rate, from {camera: uint8 [H, W, 3]}, state float32 [4] and
 optional ``policy.reset(seed)`` is called at each episode start. The first ``n_action_steps`` commands of
 each chunk are executed, one per control period, then the policy is asked again. With ``delay_s`` > 0 the
 arm holds its last command for that long (simulated) before each new chunk starts: inference that the
-robot waits for.
+robot waits for. ``conditions`` / ``phrasings`` choose the episode's camera condition and instruction wording
+from its seed (sim.episode), as every executor does.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from edgefm_ros.sim.env import SimConfig, SimEnv
+from edgefm_ros.sim.episode import episode_setup
 from edgefm_ros.sim.report import EpisodeOutcome, make_report
 from edgefm_ros.sim.tasks import TASKS, get_task
 
@@ -39,16 +41,21 @@ class EpisodeResult:
     commands: np.ndarray  # float32 [N, 4]: one per control period, as commanded
     boundaries: tuple[int, ...]  # indices into commands where a chunk's first action was commanded
     inference_s: list[float] = field(default_factory=list)  # wall seconds per policy call
+    condition: str = "clean"  # the camera condition the episode ran under
+    instruction: str = ""
 
     def outcome(self) -> EpisodeOutcome:
         return EpisodeOutcome(self.task, self.seed, self.success, self.time_to_success_s, self.commands,
-                              self.boundaries)
+                              self.boundaries, condition=self.condition, instruction=self.instruction)
 
 
 def run_episode(env: SimEnv, policy: ChunkPolicy, task: str, seed: int, *, n_action_steps: int,
-                max_seconds: float | None = None, delay_s: float = 0.0) -> EpisodeResult:
+                max_seconds: float | None = None, delay_s: float = 0.0, conditions: str = "clean",
+                phrasings: str = "canonical") -> EpisodeResult:
     """One episode from reset to success or the time limit (``max_seconds``, default the task's)."""
     spec = get_task(task)
+    setup = episode_setup(task, seed, conditions, phrasings)
+    camera = setup.camera()
     if n_action_steps < 1:
         raise ValueError(f"n_action_steps must be >= 1, got {n_action_steps!r}")
     if not (delay_s >= 0 and math.isfinite(delay_s)):
@@ -64,7 +71,7 @@ def run_episode(env: SimEnv, policy: ChunkPolicy, task: str, seed: int, *, n_act
     t_success = math.nan
     while env.sim_time < limit - 1e-9 and math.isnan(t_success):
         t0 = time.perf_counter()
-        chunk = np.asarray(policy(env.render(), env.state(), spec.instruction), dtype=np.float64)
+        chunk = np.asarray(policy(camera(env.render()), env.state(), setup.instruction), dtype=np.float64)
         inference.append(time.perf_counter() - t0)
         if chunk.ndim != 2 or chunk.shape[1] != 4 or len(chunk) < 1:
             raise ValueError(f"policy returned a chunk of shape {chunk.shape}, expected [T >= 1, 4]")
@@ -84,7 +91,8 @@ def run_episode(env: SimEnv, policy: ChunkPolicy, task: str, seed: int, *, n_act
             if env.sim_time >= limit - 1e-9:
                 break
     return EpisodeResult(task, int(seed), not math.isnan(t_success), t_success,
-                         np.asarray(commands, dtype=np.float32).reshape(-1, 4), tuple(boundaries), inference)
+                         np.asarray(commands, dtype=np.float32).reshape(-1, 4), tuple(boundaries), inference,
+                         setup.condition.name, setup.instruction)
 
 
 class EnginePolicy:
@@ -158,9 +166,12 @@ def checkpoint_tasks(checkpoint: str | Path) -> list[str]:
 
 def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, seeds: Sequence[int], *,
                   delay_ms: float = 0.0, n_action_steps: int | None = None, vlm_dir: str | None = None,
-                  max_seconds: float | None = None, log: Callable[[str], None] = print, engine_mode: str = "exact") -> dict:
+                  max_seconds: float | None = None, log: Callable[[str], None] = print, engine_mode: str = "exact",
+                  conditions: str = "clean", phrasings: str = "canonical", image_hw: tuple[int, int] | None = None
+                  ) -> dict:
     """``edgefm-sim eval --exec sync``: every task x seed in one process with our Engine (``engine_mode``); the
-    shared report."""
+    shared report. ``conditions``/``phrasings``: per-episode camera condition set and instruction wording;
+    ``image_hw``: the cameras' resolution (default the checkpoint's input size; the Engine resizes)."""
     from edgefm_ros.runtime.engine import Engine
     from edgefm_ros.sim.tasks import parse_tasks
 
@@ -171,7 +182,7 @@ def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, see
     st = checkpoint_settings(checkpoint)
     names = parse_tasks(tasks) if isinstance(tasks, str) else list(tasks or checkpoint_tasks(checkpoint))
     steps = n_action_steps or st["n_action_steps"]
-    sim = SimConfig(image_hw=st["image_hw"], cameras=st["cameras"])
+    sim = SimConfig(image_hw=tuple(image_hw or st["image_hw"]), cameras=st["cameras"])
     engine = Engine.from_checkpoint(checkpoint, vlm_dir=vlm_dir, mode=engine_mode)
     policy = EnginePolicy(engine, sim.cameras)
     outcomes, latency = [], []
@@ -180,10 +191,10 @@ def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, see
     with SimEnv(sim) as env:
         for i, (seed, task) in enumerate((s, t) for s in seeds for t in names):
             r = run_episode(env, policy, task, seed, n_action_steps=steps, delay_s=delay_ms / 1e3,
-                            max_seconds=max_seconds)
+                            max_seconds=max_seconds, conditions=conditions, phrasings=phrasings)
             outcomes.append(r.outcome())
             latency.extend(r.inference_s)
-            log(f"[eval sync] {i + 1}/{total} {task}:{seed} {'success' if r.success else 'fail'}"
+            log(f"[eval sync] {i + 1}/{total} {task}:{seed} [{r.condition}] {'success' if r.success else 'fail'}"
                 + (f" in {r.time_to_success_s:.2f} s" if r.success else "")
                 + f" ({len(r.boundaries)} chunks, {time.perf_counter() - t0:.0f} s elapsed)")
     lat = np.asarray(latency) * 1e3
@@ -195,6 +206,6 @@ def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, see
     settings = {"seeds": f"{min(seeds)}-{max(seeds)}" if list(seeds) == list(range(min(seeds), max(seeds) + 1))
                 else ",".join(map(str, seeds)), "delay_ms": delay_ms, "n_action_steps": steps,
                 "image_hw": list(sim.image_hw), "cameras": list(sim.cameras), "max_seconds": max_seconds,
-                "engine_mode": engine_mode}
+                "engine_mode": engine_mode, "conditions": conditions, "phrasings": phrasings}
     return make_report(outcomes, exec_mode="sync", checkpoint=str(checkpoint), control_hz=sim.control_hz,
                        timing=timing, settings=settings)

@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from edgefm_ros.sim.tasks import EVAL_SEEDS, TASKS, TRAIN_SEEDS, parse_seeds, parse_tasks
+from edgefm_ros.sim.conditions import CONDITION_SETS
+from edgefm_ros.sim.tasks import EVAL_SEEDS, PHRASINGS, TASKS, TRAIN_SEEDS, parse_seeds, parse_tasks
 from edgefm_ros.tools.teach import add_teach_args, cmd_teach
 
 
@@ -29,7 +30,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     cfg = CollectConfig(tasks=tuple(parse_tasks(args.tasks)), episodes_per_task=args.episodes_per_task,
                         first_seed=args.first_seed, tail_s=args.tail_s, noise_m=args.noise_m,
-                        only_success=not args.keep_failed)
+                        only_success=not args.keep_failed, phrasings=args.phrasings)
     sim = SimConfig(image_hw=args.image_size, control_hz=args.control_hz)
     print(f"[collect] {len(cfg.tasks)} tasks x {cfg.episodes_per_task} episodes (train seeds "
           f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes_per_task - 1}), {sim.image_hw[0]}x{sim.image_hw[1]} "
@@ -51,20 +52,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
               f"{TRAIN_SEEDS.stop - 1}); evaluation seeds are {EVAL_SEEDS.start}-{EVAL_SEEDS.stop - 1} "
               f"(--allow-train-seeds to go on)", file=sys.stderr)
         return 2
+    episode_kw = {"conditions": args.conditions, "phrasings": args.phrasings, "image_hw": args.image_size}
     if args.exec == "async":
         from edgefm_ros.sim.async_loop import run_async_eval
         from edgefm_ros.sim.paths import default_checkpoint
 
         report = run_async_eval(args.checkpoint or str(default_checkpoint()), args.tasks, seeds, aggregate=args.aggregate or "weighted_average",
                                 delay_ms=args.delay_ms, compute_ms=args.compute_ms, max_seconds=args.max_seconds,
-                                log=lambda m: print(m, flush=True), engine_mode=args.mode)
+                                log=lambda m: print(m, flush=True), engine_mode=args.mode, **episode_kw)
     elif args.exec == "sync":
         from edgefm_ros.sim.rollout import run_sync_eval
 
         report = run_sync_eval(args.checkpoint, args.tasks, seeds, delay_ms=args.delay_ms,
                                n_action_steps=args.n_action_steps, max_seconds=args.max_seconds,
-                               log=lambda m: print(m, flush=True), engine_mode=args.mode)
+                               log=lambda m: print(m, flush=True), engine_mode=args.mode, **episode_kw)
     else:
+        if args.conditions != "clean" or args.phrasings != "canonical" or args.image_size:
+            raise ValueError("--conditions, --phrasings and --image-size are not passed through the node graph "
+                             "yet (--exec ros); use --exec sync or async")
         from edgefm_ros.sim.paths import default_checkpoint
         from edgefm_ros.tools.sim_ros import run_ros_eval
 
@@ -92,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tail-s", type=float, default=0.5, help="seconds recorded after success")
     c.add_argument("--noise-m", type=float, default=0.005, help="xyz noise (m) on executed, not recorded, commands")
     c.add_argument("--keep-failed", action="store_true", help="also write failed episodes (flagged success=false)")
+    c.add_argument("--phrasings", choices=PHRASINGS, default="varied", help="instruction per episode: drawn "
+                   "from the task's training phrasings by seed (varied), or the canonical one")
     c.set_defaults(func=cmd_collect)
     e = sub.add_parser("eval", help="closed-loop task success of a checkpoint")
     e.add_argument("--checkpoint", default=None, help="checkpoint dir (default: the committed one)")
@@ -110,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the checkpoint's n_action_steps)")
     e.add_argument("--max-seconds", type=float, default=None, help="sync: episode time limit (default: the "
                    "task's max_seconds)")
+    e.add_argument("--conditions", choices=sorted(CONDITION_SETS), default="clean",
+                   help="camera condition set, drawn per episode from its seed: " + "; ".join(
+                       f"{n}: " + ", ".join(f"{c} {p * 100:.0f}%%" for c, p in cs.shares) for n, cs in CONDITION_SETS.items()))
+    e.add_argument("--phrasings", choices=PHRASINGS, default="canonical", help="instruction per episode: the "
+                   "task's canonical one, or varied (drawn from the seed; evaluation seeds include held-out wordings)")
+    e.add_argument("--image-size", type=_image_hw, default=None, help="HxW of the cameras (default: the "
+                   "checkpoint's input size; the policy resizes to its own)")
     e.add_argument("--allow-train-seeds", action="store_true")
     e.add_argument("--json", default=None, help="write the report here")
     e.set_defaults(func=cmd_eval)

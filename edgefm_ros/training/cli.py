@@ -8,7 +8,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .recipe import ARCHS, TrainConfig
+from .recipe import ARCHS, AUGMENTATIONS, TrainConfig
 
 DEFAULTS = TrainConfig()
 
@@ -28,6 +28,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=DEFAULTS.threads)
     p.add_argument("--chunk-size", type=int, default=None, help="default: the architecture's / --init's")
     p.add_argument("--n-action-steps", type=int, default=None, help="actions executed per chunk (default: half)")
+    p.add_argument("--augment", choices=AUGMENTATIONS, default=DEFAULTS.augment,
+                   help="conditions: each sample under a random camera condition (blur, exposure, noise, JPEG)")
     p.add_argument("--log-every", type=int, default=DEFAULTS.log_every)
     p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
     p.add_argument("--log", default=None, help="also append the progress lines to this file")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -57,8 +57,10 @@ def episode_ends(episode_index: np.ndarray) -> np.ndarray:
 
 class ChunkBatcher:
     def __init__(self, demos: Demos, camera_keys: Sequence[str], chunk_size: int, max_action_dim: int,
-                 preprocess: Preprocessor, episodes: Sequence[int] | None = None):
-        """``episodes``: the episodes to sample frames from (default: all)."""
+                 preprocess: Preprocessor, episodes: Sequence[int] | None = None,
+                 augment: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None):
+        """``episodes``: the episodes to sample frames from (default: all). ``augment``: applied to each
+        batch's uint8 frames {key: [B, H, W, 3]} before preprocessing (training/augment.py)."""
         n = len(demos.state)
         self.keys = {}
         for k in camera_keys:  # a checkpoint names cameras "observation.images.<name>"; datasets may use either
@@ -79,6 +81,7 @@ class ChunkBatcher:
         if not np.isfinite(demos.action).all() or not np.isfinite(demos.state).all():
             raise ValueError("dataset state/action holds non-finite values")
         self.demos, self.chunk, self.max_action_dim, self.pre = demos, chunk_size, max_action_dim, preprocess
+        self.augment = augment
         self.ends = episode_ends(demos.episode_index)
         keep = np.ones(n, bool) if episodes is None else np.isin(demos.episode_index, np.asarray(list(episodes)))
         self.frames = np.flatnonzero(keep)  # [M] i64 sampled frame indices
@@ -91,8 +94,11 @@ class ChunkBatcher:
     def batch(self, idx: np.ndarray) -> Batch:
         d = self.demos
         idx = np.asarray(idx, dtype=np.int64)
-        frames = {k: torch.from_numpy(d.images[src][idx]).permute(0, 3, 1, 2).float().div_(255.0)
-                  for k, src in self.keys.items()}
+        raw = {k: d.images[src][idx] for k, src in self.keys.items()}
+        if self.augment is not None:
+            raw = self.augment(raw)
+        frames = {k: torch.from_numpy(np.ascontiguousarray(v)).permute(0, 3, 1, 2).float().div_(255.0)
+                  for k, v in raw.items()}
         tasks = [d.tasks[int(i)] for i in d.task_index[idx]]
         inputs = self.pre(frames, torch.from_numpy(np.asarray(d.state[idx], dtype=np.float32)), tasks)
         steps = idx[:, None] + np.arange(self.chunk)[None, :]  # [B, C]

@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 
 from edgefm_ros.models.config import VISION_POSITION_IDS
 
+AUGMENTATIONS = ("none", "conditions")  # TrainConfig.augment (training/augment.py implements them)
+
 # Small SmolVLA architectures (same wiring as SmolVLA-450M), in tools/make_checkpoint.ARCHS' format.
 ARCHS = {
     # ~1.3 M parameters: 64x64 images, patch 8 -> 64 patches, pixel shuffle 2 -> 16 tokens per camera
@@ -27,6 +29,13 @@ ARCHS = {
                   text=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=32),
                   scale_factor=2, num_vlm_layers=4, resize=[64, 64], chunk_size=16, num_steps=10),
+    # the simulator's cloud-tier model: hidden 128 at 128x128 (patch 16 -> 64 patches, pixel shuffle 2 -> 16 tokens
+    # per camera: the tiny's token count, each token from 4x the pixels), SmolVLA's 50-action chunk; ~2.3 M
+    "small128": dict(vision=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                                 image_size=128, patch_size=16),
+                     text=dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=32),
+                     scale_factor=2, num_vlm_layers=4, resize=[128, 128], chunk_size=50, num_steps=10),
 }
 
 
@@ -48,6 +57,7 @@ class TrainConfig:
     chunk_size: int | None = None  # None: the architecture's (or --init checkpoint's)
     n_action_steps: int | None = None  # None: half the chunk
     vision_position_ids: str = "legacy"  # patch position-id convention the checkpoint records
+    augment: str = "none"  # "conditions": each sample under a random camera condition (training/augment.py)
 
     def __post_init__(self) -> None:
         for k in ("steps", "batch_size", "threads", "log_every"):
@@ -77,6 +87,8 @@ class TrainConfig:
                 raise ValueError(f"n_action_steps must be a positive integer, got {self.n_action_steps!r}")
             if self.chunk_size is not None and self.n_action_steps > self.chunk_size:
                 raise ValueError(f"n_action_steps {self.n_action_steps} exceeds chunk_size {self.chunk_size}")
+        if self.augment not in AUGMENTATIONS:
+            raise ValueError(f"augment must be one of {AUGMENTATIONS}, got {self.augment!r}")
         if self.vision_position_ids not in VISION_POSITION_IDS:
             raise ValueError(f"vision_position_ids must be one of {VISION_POSITION_IDS}, "
                              f"got {self.vision_position_ids!r}")

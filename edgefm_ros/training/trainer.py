@@ -25,6 +25,7 @@ from edgefm_ros.runtime.preprocess import Preprocessor, Tokenizer
 from edgefm_ros.runtime.safetensors_mmap import load_all
 
 from . import export
+from .augment import make_augment
 from .data import ChunkBatcher, Demos
 from .flow import flow_loss, noisy_actions, sample_noise, sample_time
 from .model import TrainableSmolVLA
@@ -117,7 +118,8 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
         log(f"train: {len(np.unique(demos.episode_index)) - len(episodes)} failed episode(s) left out")
     if tasks:
         episodes = [e for e in episodes if names.get(e) in set(tasks)]
-    batcher = ChunkBatcher(demos, pcfg.camera_keys, pcfg.chunk_size, pcfg.max_action_dim, pre, episodes)
+    batcher = ChunkBatcher(demos, pcfg.camera_keys, pcfg.chunk_size, pcfg.max_action_dim, pre, episodes,
+                           augment=make_augment(cfg.augment, cfg.seed))
     model = TrainableSmolVLA(pcfg, ck.vlm, weights, cfg.vision_position_ids)
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
@@ -127,7 +129,7 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     trained = sorted(set(names[e] for e in episodes if e in names)) or list(demos.tasks)
     log(f"train: {batcher.size} frames, {len(episodes)} episodes, {len(trained)} tasks; "
         f"{n_params / 1e6:.2f} M parameters; chunk {pcfg.chunk_size}, batch {cfg.batch_size}, {cfg.steps} steps, "
-        f"lr {cfg.lr:g} (warm-up {cfg.warmup_steps}), threads {cfg.threads}, seed {cfg.seed}")
+        f"lr {cfg.lr:g} (warm-up {cfg.warmup_steps}), threads {cfg.threads}, seed {cfg.seed}, augment {cfg.augment}")
     info = {"recipe": cfg.as_dict(), "arch": arch if init is None else None, "init": str(init) if init else None,
             "parameters": n_params, "frames": batcher.size, "episodes": len(episodes),
             # the tasks trained on (the sim's eval reads this): task names when the dataset has them, else texts
