@@ -112,7 +112,8 @@ class SimNode(LifecycleNode):
                                                          {e.task: e for e in episodes}.values()])
             self.live = LiveSim(self.env, TASKS, episodes, LiveConfig(
                 timeout_s=c.timeout_s, settle_s=c.settle_s, start_delay_s=c.start_delay_s, repeat=c.repeat,
-                wait_for_start=c.wait_for_start, command_guard_s=c.command_guard_s, joint_names=c.joint_names),
+                wait_for_start=c.wait_for_start, command_guard_s=c.command_guard_s, joint_names=c.joint_names,
+                conditions=c.conditions, phrasings=c.phrasings),
                 clock=self._now)
             pub = self._lifecycle_publisher
             self._image_pubs = [pub(Image, t, qos.SENSOR) for t in c.camera_topics]
@@ -348,7 +349,7 @@ class SimNode(LifecycleNode):
             self._truth_pub.publish(g)
 
     def _publish_cameras(self, now: float) -> None:
-        frames = self.env.render()  # name -> uint8 (H, W, 3)
+        frames = self.live.camera(self.env.render())  # name -> uint8 (H, W, 3), the episode's camera condition
         for i, name in enumerate(self.cfg.camera_names):
             rgb = frames[name]
             self._image_pubs[i].publish(rgb_to_image_msg(rgb, now, frame_id=name))

@@ -28,6 +28,12 @@ PARAMS = (
               range=(0.0, 1.0)),
     ParamSpec("wait_for_start", "bool", False, "Hold before the first episode until a message arrives on "
               "reset_topic (a harness starts the episodes once the policy is up)."),
+    ParamSpec("conditions", "str", "clean", "Camera condition set, drawn per episode from its seed and applied "
+              "to the published images (edgefm_ros.sim.conditions: clean, degraded, mixed).",
+              choices=("clean", "degraded", "mixed")),
+    ParamSpec("phrasings", "str", "canonical", "Instruction per episode: the task's canonical wording, or "
+              "varied (drawn from the seed; evaluation seeds include held-out wordings).",
+              choices=("canonical", "varied")),
     ParamSpec("image_height", "int", 0, "Camera image height; 0: the simulator's default.", range=(0, 1024)),
     ParamSpec("image_width", "int", 0, "Camera image width; 0: the simulator's default.", range=(0, 1024)),
     ParamSpec("camera_names", "str[]", ("scene", "wrist"), "Simulator cameras to publish, same order as "
@@ -74,6 +80,8 @@ class SimNodeConfig:
     start_delay_s: float
     command_guard_s: float
     wait_for_start: bool
+    conditions: str
+    phrasings: str
     image_height: int
     image_width: int
     camera_names: tuple[str, ...]
