@@ -76,7 +76,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ckpt = args.checkpoint or str(default_checkpoint())
         tasks = parse_tasks(args.tasks) if args.tasks else None
         report = run_ros_eval(ckpt, tasks, seeds, delay_ms=args.delay_ms, aggregate=args.aggregate,
-                              engine_mode=args.mode)
+                              engine_mode=args.mode, domain_id=args.domain_id)
     print(format_table(report))
     if args.json:
         write_report(report, args.json)
@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "task's canonical one, or varied (drawn from the seed; evaluation seeds include held-out wordings)")
     e.add_argument("--image-size", type=_image_hw, default=None, help="HxW of the cameras (default: the "
                    "checkpoint's input size; the policy resizes to its own)")
+    e.add_argument("--domain-id", type=int, default=None, help="ros: the graph's ROS_DOMAIN_ID (default: from the "
+                   "process id, away from a graph already running)")
     e.add_argument("--allow-train-seeds", action="store_true")
     e.add_argument("--json", default=None, help="write the report here")
     e.set_defaults(func=cmd_eval)

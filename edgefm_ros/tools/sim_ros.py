@@ -383,10 +383,12 @@ def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, de
 
 def run_ros_eval(checkpoint: str | None, tasks: Sequence[str] | None, seeds: Iterable[int], delay_ms: float = 0.0,
                  aggregate: str | None = None, out_dir: str | Path | None = None,
-                 progress: Callable[[str], None] | None = print, engine_mode: str | None = None) -> dict:
+                 progress: Callable[[str], None] | None = print, engine_mode: str | None = None,
+                 domain_id: int | None = None) -> dict:
     """The report of ``tasks`` (None: the tasks the checkpoint was trained on, as for --exec sync) x ``seeds``
     through the node graph (``edgefm-sim eval --exec ros``); ``out_dir`` keeps the logs, the record and
-    sim_node's episode results (else a temp dir)."""
+    sim_node's episode results (else a temp dir); ``domain_id``: the graph's ROS_DOMAIN_ID (None: from the
+    process id)."""
     from edgefm_ros.sim.rollout import checkpoint_tasks
 
     ckpt = str(checkpoint or default_checkpoint())
@@ -399,4 +401,4 @@ def run_ros_eval(checkpoint: str | None, tasks: Sequence[str] | None, seeds: Ite
 
             out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgefm-sim-ros-"))
         return run_ros(ckpt, episodes, out_dir=out_dir, delay_ms=delay_ms, aggregate=aggregate,
-                       progress=progress, engine_mode=engine_mode).report
+                       progress=progress, engine_mode=engine_mode, domain_id=domain_id).report
