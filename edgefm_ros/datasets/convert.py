@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -33,6 +35,7 @@ from .v3writer import DatasetWriter
 from .video import VideoConfig
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+QUEUE_FRAMES = 16  # encoded camera messages waiting per camera thread (bounds memory)
 
 
 @dataclass(frozen=True)
@@ -116,41 +119,96 @@ def _topic(mapping: DatasetMapping, stream: str) -> str:
     return next(c.topic for c in mapping.cameras if c.key == stream)
 
 
+class _CameraWorker(threading.Thread):
+    """Decodes one camera's frames and hands them to the writer, in order, on its own thread (the codecs
+    release the GIL, so the cameras' JPEG decoding and video encoding run side by side)."""
+
+    def __init__(self, key: str, writer: DatasetWriter, bag: str, bag_start_ns: int, stop: threading.Event):
+        super().__init__(name=f"frames-{key}", daemon=True)
+        self.key, self.writer, self.bag, self.bag_start_ns, self.stop = key, writer, bag, bag_start_ns, stop
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
+        self.done = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                item = self.queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            topic, msgtype, raw, repeat = item
+            try:
+                rgb = decode_frame(msgtype, raw)
+                for _ in range(repeat):
+                    self.writer.add_frame(self.key, rgb)
+                self.done += repeat
+            except Exception as e:
+                t = header_stamp_ns(raw) if len(raw) >= 12 else None
+                self.error = RecordingError(self.bag, topic, t, f"camera frame for {self.key}: {e}", self.bag_start_ns)
+                self.stop.set()
+                return
+
+    def put(self, item) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+
 def _write_frames(plan: BagPlan, mapping: DatasetMapping, writer: DatasetWriter, progress: Progress | None,
                   done: int, total: int) -> int:
     """Pass 2 for one bag: decode the frames the ticks use and hand them to the writer, per camera in order."""
     key_of = {c.topic: c.key for c in mapping.cameras}
     needed = {c.key: np.concatenate([e.sync.index[c.key] for e in plan.episodes]) for c in mapping.cameras}
     pos = {k: 0 for k in needed}
-    left = sum(len(v) for v in needed.values())
     bag = plan.scan.path
-    if left == 0:
+    if sum(len(v) for v in needed.values()) == 0:
         return done
-    for topic, k, msgtype, raw in iter_camera_messages(bag, list(key_of)):
-        key = key_of[topic]
-        want, p = needed[key], pos[key]
-        if p >= len(want) or want[p] != k:
-            continue
-        try:
-            rgb = decode_frame(msgtype, raw)
+    stop = threading.Event()
+    workers = {k: _CameraWorker(k, writer, bag, plan.scan.start_ns, stop) for k in needed}
+    for w in workers.values():
+        w.start()
+    base = done
+    try:
+        for topic, k, msgtype, raw in iter_camera_messages(bag, list(key_of)):
+            if stop.is_set():
+                break
+            key = key_of[topic]
+            want, p = needed[key], pos[key]
+            if p >= len(want) or want[p] != k:
+                continue
             while p < len(want) and want[p] == k:
-                writer.add_frame(key, rgb)
                 p += 1
-        except Exception as e:
-            t = header_stamp_ns(raw) if len(raw) >= 12 else None
-            raise RecordingError(bag, topic, t, f"camera frame for {key}: {e}", plan.scan.start_ns) from None
-        done += p - pos[key]
-        left -= p - pos[key]
-        pos[key] = p
-        if progress is not None:
-            progress("frames", done, total)
-        if left == 0:
-            break
-    if left:
-        short = {k: len(v) - pos[k] for k, v in needed.items() if pos[k] < len(v)}
+            workers[key].put((topic, msgtype, raw, p - pos[key]))
+            pos[key] = p
+            if progress is not None:
+                progress("frames", base + sum(w.done for w in workers.values()), total)
+            if all(pos[x] == len(v) for x, v in needed.items()):
+                break
+        for w in workers.values():
+            w.put(None)
+        while any(w.is_alive() for w in workers.values()):
+            for w in workers.values():
+                w.join(timeout=0.5)
+            if progress is not None:
+                progress("frames", base + sum(w.done for w in workers.values()), total)
+    finally:
+        if any(w.is_alive() for w in workers.values()):
+            stop.set()
+            for w in workers.values():
+                w.join()
+    errors = [w.error for w in workers.values() if w.error is not None]
+    if errors:
+        raise errors[0]
+    short = {k: len(v) - pos[k] for k, v in needed.items() if pos[k] < len(v)}
+    if short:
         raise RecordingError(bag, None, None, f"the second reading of the bag ended early (frames missing per "
                                               f"camera: {short}): the bag changed during the conversion?")
-    return done
+    return base + sum(w.done for w in workers.values())
 
 
 def _partial_dir(out: Path) -> Path:

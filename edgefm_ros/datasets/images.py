@@ -26,7 +26,7 @@ def image_to_rgb(msg) -> np.ndarray:
     if enc in ("rgb8", "8UC3"):
         return np.ascontiguousarray(img)
     if enc == "bgr8":
-        return np.ascontiguousarray(img[:, :, ::-1])
+        return cv2.cvtColor(np.ascontiguousarray(img), cv2.COLOR_BGR2RGB)
     if enc == "rgba8":
         return np.ascontiguousarray(img[:, :, :3])
     if enc == "bgra8":
@@ -39,7 +39,7 @@ def compressed_to_rgb(msg) -> np.ndarray:
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR) if len(buf) else None
     if img is None:
         raise ValueError(f"CompressedImage ({msg.format!r}, {len(buf)} bytes) is not a decodable image")
-    return np.ascontiguousarray(img[:, :, ::-1])
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
 def decode_frame(msgtype: str, raw: bytes) -> np.ndarray:

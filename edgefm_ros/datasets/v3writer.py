@@ -23,6 +23,7 @@ parquet and JSON files.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -68,6 +69,7 @@ class _Episode:
     state: np.ndarray
     action: np.ndarray
     meta: dict
+    sampled: frozenset = frozenset()  # positions whose frames feed the image statistics
     data_file: int = -1
     video: dict = field(default_factory=dict)  # key -> (file index, from_ts, to_ts)
     pngs: dict = field(default_factory=dict)  # key -> [bytes] (image mode, until written)
@@ -126,6 +128,7 @@ class DatasetWriter:
         self._moments = {k: ImageMoments() for k in self.cameras}
         self._shape: dict[str, tuple[int, int]] = {}
         self._next_write = 0  # the next episode whose rows are due
+        self._lock = threading.Lock()  # add_frame may be called from one thread per camera
         self._writer: pq.ParquetWriter | None = None
         self._data_file = 0
         self._data_bytes = 0
@@ -148,19 +151,23 @@ class DatasetWriter:
             raise ValueError("episode: state/action hold non-finite values")
         if not task:
             raise ValueError("episode: empty task text")
-        ti = self.tasks.setdefault(task, len(self.tasks))
-        ep = _Episode(len(self.episodes), t, task, ti, self.frames, state, action, dict(meta or {}))
-        self.episodes.append(ep)
-        self.frames += t
-        self._flush_ready()
+        with self._lock:
+            ti = self.tasks.setdefault(task, len(self.tasks))
+            ep = _Episode(len(self.episodes), t, task, ti, self.frames, state, action, dict(meta or {}),
+                          frozenset(sample_positions(t).tolist()))
+            self.episodes.append(ep)
+            self.frames += t
+            self._flush_ready()
         return ep.index
 
     def add_frame(self, key: str, rgb: np.ndarray) -> None:
-        """The next frame of camera ``key`` (episodes in order, ``length`` frames each)."""
-        e = self._cam_ep[key]
-        if e >= len(self.episodes):
-            raise ValueError(f"camera {key}: a frame beyond the registered episodes")
-        ep = self.episodes[e]
+        """The next frame of camera ``key`` (episodes in order, ``length`` frames each). Each camera's frames
+        may come from its own thread (one thread per camera)."""
+        with self._lock:
+            e = self._cam_ep[key]
+            if e >= len(self.episodes):
+                raise ValueError(f"camera {key}: a frame beyond the registered episodes")
+            ep = self.episodes[e]
         pos = self._cam_pos[key] - ep.from_index  # position within the episode
         if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
             raise ValueError(f"camera {key}: expected uint8 [H, W, 3], got {rgb.dtype} {rgb.shape}")
@@ -168,7 +175,7 @@ class DatasetWriter:
         if rgb.shape[:2] != shape:
             raise ValueError(f"camera {key}: frame {rgb.shape[1]}x{rgb.shape[0]} differs from its first "
                              f"{shape[1]}x{shape[0]}")
-        if pos in set(sample_positions(ep.length).tolist()):
+        if pos in ep.sampled:
             self._moments[key].add(rgb)
         if self.images:
             ep.pngs.setdefault(key, []).append(_png(rgb))
@@ -178,8 +185,9 @@ class DatasetWriter:
         if pos + 1 == ep.length:
             if not self.images:
                 ep.video[key] = self._videos[key].end_episode(ep.length)
-            self._cam_ep[key] += 1
-            self._flush_ready()
+            with self._lock:
+                self._cam_ep[key] += 1
+                self._flush_ready()
 
     def _complete(self, ep: _Episode) -> bool:
         return all(self._cam_ep[k] > ep.index for k in self.cameras)
