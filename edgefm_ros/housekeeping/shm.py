@@ -27,6 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 SHM_DIR = Path("/dev/shm")
 SEGMENT = re.compile(r"^fastrtps_[0-9a-z]{16}$")
@@ -129,6 +130,23 @@ def owned_by(pid: int, shm_dir: str | Path = SHM_DIR) -> list[str]:
             if inode in by_inode:
                 out.add(by_inode[inode])
     return sorted(out)
+
+
+def remove_owned(pid: int, shm_dir: str | Path = SHM_DIR, names: Sequence[str] | None = None) -> list[str]:
+    """Unlink the files process ``pid`` owns (``owned_by``), with their lock files and port semaphores: for a
+    process about to die without running Fast DDS's destructors. Processes that map them keep their
+    mappings; the memory goes with the last of those. ``names``: ``owned_by(pid)`` found earlier, when
+    there is no time to look now."""
+    d = Path(shm_dir)
+    out = []
+    for name in owned_by(pid, d) if names is None else names:
+        for n in (name, *(name + s for s in LOCK_SUFFIXES), f"sem.{name}_mutex"):
+            try:
+                (d / n).unlink()
+                out.append(n)
+            except (FileNotFoundError, PermissionError):
+                pass
+    return out
 
 
 def stale(shm_dir: str | Path = SHM_DIR) -> list[str]:

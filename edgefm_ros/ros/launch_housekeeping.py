@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import atexit
+import os
+import signal
 
 from launch.actions import OpaqueFunction, RegisterEventHandler
-from launch.event_handlers import OnProcessExit
+from launch.event_handlers import OnProcessExit, OnProcessStart
 from launch.logging import get_logger
 
 from edgefm_ros.housekeeping import shm
@@ -23,11 +25,13 @@ from edgefm_ros.housekeeping import shm
 _LOG = "edgefm.housekeeping"
 # a launch file that includes another (replay.launch.py includes edgefm.launch.py) runs these actions twice
 _done: set = set()
+_own_files: list[str] = []  # this process's Fast DDS files (launch_ros's participant), once it has them
 
 
 def housekeeping_actions() -> list:
     """The launch actions above, first in a launch description."""
     return [OpaqueFunction(function=_at_start),
+            RegisterEventHandler(OnProcessStart(on_start=_remember_own_files)),
             RegisterEventHandler(OnProcessExit(on_exit=_after_exit))]
 
 
@@ -47,7 +51,37 @@ def _at_start(context):
     _done.add("start")
     _clean("start")
     atexit.register(_finalize_launch_ros, context)
+    _remove_own_files_on_sigterm()
     return []
+
+
+def _remove_own_files_on_sigterm() -> None:
+    """Upstream ``ros2 launch`` has no SIGTERM handler: it dies of the signal on the spot (by design: its
+    processes are left to end on their own, ours follow their launcher), and its participant's files stayed.
+    This handler unlinks the files the process owns, then lets SIGTERM end it exactly as before."""
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _die_of_sigterm)
+    except ValueError:  # not the main thread (a launch service run inside another program): leave it
+        pass
+
+
+def _remember_own_files(event, context):
+    """launch_ros's participant exists once a process has started: its files are looked up now, so that the
+    SIGTERM handler only unlinks them (a slow handler would let the launcher reap a child it then never
+    reports)."""
+    if not _own_files:
+        _own_files.extend(shm.owned_by(os.getpid()))
+    return []
+
+
+def _die_of_sigterm(signum, frame) -> None:
+    try:
+        shm.remove_owned(os.getpid(), names=_own_files or None)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
 
 
 def _after_exit(event, context):

@@ -14,6 +14,8 @@ from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
+from edgefm_ros.housekeeping import shm
+
 try:  # rclpy's executor written in C++ (Jazzy: rclpy.experimental)
     from rclpy.experimental import EventsExecutor
 except ImportError:  # an older rclpy: the Python one
@@ -117,7 +119,22 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
         rclpy.try_shutdown()
         context.destroy()
         request.ignore_further()
+        if request.parent_gone():
+            clean_after_launcher(node.get_logger())
     return exit_now(0) if exit_process else 0
+
+
+def clean_after_launcher(logger) -> None:
+    """The launcher died first (``ros2 launch`` ends at once on SIGTERM, by design, and SIGKILL ends anything):
+    its own DDS participant's shared-memory files, which its exit left, are removed by the nodes it started,
+    as they go; a file some live process uses is never touched (edgefm_ros.housekeeping.shm)."""
+    try:
+        r = shm.clean()
+    except OSError as e:
+        logger.warning(f"shared-memory clean-up after the launcher's exit failed: {e}")
+        return
+    if r.removed:
+        logger.info(f"launcher gone: {r.summary()}")
 
 
 def destroy_node(node) -> None:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from edgefm_ros.housekeeping import shm
+
 # `ros2 launch` reports its processes in these words (launch/actions/execute_local.py)
 STARTED = re.compile(r"\[INFO\] \[([\w.-]+)-(\d+)\]: process started with pid \[(\d+)\]")
 CLEAN = re.compile(r"\[([\w.-]+)-(\d+)\]: process has finished cleanly \[pid (\d+)\]")
@@ -120,12 +122,25 @@ class LaunchedGraph:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def started(self) -> dict[str, int]:
-        """process name (vla_node, edgefm-bag ...) -> pid, as ``ros2 launch`` reported them."""
-        out = {}
+        """process name (vla_node, edgefm-bag ...) -> pid, as ``ros2 launch`` reported them; a second process of
+        the same executable is "<name>-<launch's number>"; a respawned process keeps its name (latest pid)."""
+        out, keys = {}, {}
         for m in STARTED.finditer(self.text()):
-            name = m.group(1) if m.group(1) not in out else f"{m.group(1)}-{m.group(2)}"
-            out[name] = int(m.group(3))
+            key = keys.setdefault((m.group(1), m.group(2)), m.group(1) if m.group(1) not in out
+                                  else f"{m.group(1)}-{m.group(2)}")
+            out[key] = int(m.group(3))
         return out
+
+    def pids(self, name: str) -> list[int]:
+        """Every pid ``ros2 launch`` started for process ``name`` (a respawned node has several), in order."""
+        return [int(m.group(3)) for m in STARTED.finditer(self.text()) if m.group(1) == name]
+
+    def all_pids(self) -> list[int]:
+        return [int(m.group(3)) for m in STARTED.finditer(self.text())] + [self.proc.pid]
+
+    def ready_count(self, name: str) -> int:
+        """How many times process ``name`` logged its READY words (once per start)."""
+        return len(re.findall(rf"\[{re.escape(name)}-\d+\] .*{re.escape(READY[name])}", self.text()))
 
     def reported_exits(self) -> dict[int, int]:
         """pid -> exit code, as ``ros2 launch`` reported them."""
@@ -251,8 +266,11 @@ def prepare(workdir: Path, checkpoint: str | None, bag: str | None, duration_s: 
 
 def run_cycles(n: int, workdir: Path, params: str, bag: str, sig: int, target: str, bound_s: float,
                up_timeout_s: float, run_s: tuple[float, float], domain_id: int, log=print,
-               reap_all: bool = False, graph: str = "replay") -> list[StopResult]:
-    """``graph`` "replay": replay.launch.py, data flowing; "robot": edgefm.launch.py, no data."""
+               reap_all: bool = False, graph: str = "replay", on_up=None, extra: Mapping[str, str] | None = None,
+               between=None) -> list[StopResult]:
+    """``graph`` "replay": replay.launch.py, data flowing; "robot": edgefm.launch.py, no data. ``on_up(g)`` runs
+    once every node is ready, ``between(g)`` before the stop (the kill cycles); ``extra``: more launch
+    arguments."""
     results = []
     rng = random.Random()
     env = {"ROS_DOMAIN_ID": str(domain_id)}
@@ -264,10 +282,14 @@ def run_cycles(n: int, workdir: Path, params: str, bag: str, sig: int, target: s
                                               "use_router": "true", "play_delay_s": "0.0"}
         else:
             file, args = "edgefm.launch.py", {"params_file": params, "use_router": "true"}
-        g = LaunchedGraph(file, args, workdir / f"launch_{i}.log", env, reap_all=reap_all)
+        g = LaunchedGraph(file, {**args, **(extra or {})}, workdir / f"launch_{i}.log", env, reap_all=reap_all)
         try:
             g.wait_ready(("vla_node", "action_node", "router_node"), up_timeout_s)
             up = None
+            if on_up is not None:
+                on_up(g)
+            if between is not None:
+                between(g)
         except RuntimeError as e:
             up = str(e)
         time.sleep(rng.uniform(*run_s))
@@ -281,6 +303,80 @@ def run_cycles(n: int, workdir: Path, params: str, bag: str, sig: int, target: s
             f"{r.seconds:.2f}s" + (f"; ABNORMAL: {bad}" if bad else "")
             + (f"; log lines: {r.crash_lines[:3]}" if r.crash_lines else ""))
     return results
+
+
+@dataclass
+class KillResult:
+    signal: str
+    pid: int
+    code: int | None  # exit code launch reported (None: not reported within the bound)
+    restarted_s: float | None  # signal -> the respawned node ready again (None: it did not come back)
+
+    def abnormal(self) -> list[str]:
+        want = 0 if self.signal in ("SIGINT", "SIGTERM") else -signal.Signals[self.signal].value
+        bad = [] if self.code == want else [f"pid {self.pid}: exit {self.code} after {self.signal} (expected {want})"]
+        return bad + ([] if self.restarted_s is not None else [f"pid {self.pid}: not restarted"])
+
+
+def kill_cycles(g: LaunchedGraph, node: str, n: int, sig: int, up_timeout_s: float, run_s: tuple[float, float],
+                log=print) -> list[KillResult]:
+    """``n`` times: ``sig`` to ``node``'s current process of a graph launched with ``respawn:=true``, its exit
+    code as launch reports it, and the time until the restarted process is ready again."""
+    rng = random.Random()
+    out = []
+    for i in range(n):
+        time.sleep(rng.uniform(*run_s))
+        pid = g.pids(node)[-1]
+        ready_before = g.ready_count(node)
+        t0 = time.monotonic()
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        code, back = None, None
+        end = t0 + up_timeout_s
+        while time.monotonic() < end:
+            code = g.reported_exits().get(pid, code)
+            if code is not None and g.ready_count(node) > ready_before and g.pids(node)[-1] != pid:
+                back = time.monotonic() - t0
+                break
+            time.sleep(0.05)
+        r = KillResult(signal.Signals(sig).name, pid, code, back)
+        out.append(r)
+        bad = r.abnormal()
+        log(f"kill {i + 1}/{n}: {r.signal} to {node} pid {pid}: exit {code}; ready again in "
+            + (f"{back:.1f}s" if back is not None else "-") + (f"; ABNORMAL: {bad}" if bad else ""))
+        if back is None:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class ShmCheck:
+    """What /dev/shm holds before a run, with one graph up, and after it; and whether any process is left."""
+    before: "shm.Usage"
+    live: "shm.Usage"
+    after: "shm.Usage"
+    stale_new: list[str]  # Fast DDS files that appeared during the run, are still there and no process uses
+    left_processes: list[int]
+
+    def ok(self) -> bool:
+        graph = max(self.live.files - self.before.files, 0)
+        return abs(self.after.files - self.before.files) <= graph and not self.stale_new and not self.left_processes
+
+    def line(self) -> str:
+        graph = max(self.live.files - self.before.files, 0)
+        return (f"/dev/shm Fast DDS files: {self.before.files} ({self.before.mb:.1f} MB) before, one graph up "
+                f"+{graph}, after {self.after.files} ({self.after.mb:.1f} MB): "
+                f"{'within' if abs(self.after.files - self.before.files) <= graph else 'OUTSIDE'} +-{graph}; "
+                f"stale files left: {len(self.stale_new)}; processes left: {len(self.left_processes)}")
+
+
+def shm_check(before_names: set[str], before: "shm.Usage", live: "shm.Usage", pids: Sequence[int]) -> ShmCheck:
+    stale = set(shm.stale())
+    names = {p.name for p in shm.SHM_DIR.iterdir()} if shm.SHM_DIR.exists() else set()
+    return ShmCheck(before, live, shm.usage(), sorted((names - before_names) & stale),
+                    sorted(p for p in set(pids) if _alive(p)))
 
 
 def count_abnormal(results: Sequence[StopResult]) -> int:
@@ -304,9 +400,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: from the pid)")
     p.add_argument("--realtime-priority", type=int, default=50 if os.geteuid() == 0 else 0,
                    help="action_node's SCHED_FIFO priority (default: 50 as root, as on a robot; 0: normal)")
+    p.add_argument("--kills", type=int, default=0,
+                   help="in the first cycle, signal one node this many times, launched with respawn:=true "
+                   "(launch restarts it each time), before the stop")
+    p.add_argument("--kill-node", default="vla_node", choices=sorted(READY))
+    p.add_argument("--kill-signal", choices=("INT", "TERM", "KILL"), default="TERM")
     a = p.parse_args(argv)
     if a.cycles < 1:
         p.error(f"--cycles must be >= 1, got {a.cycles}")
+    if a.kills < 0:
+        p.error(f"--kills must be >= 0, got {a.kills}")
     if not ros2_launch_available():
         print("ros2 launch is not installed (scripts/setup.sh installs it from ../shared/ros2-jazzy)", file=sys.stderr)
         return 2
@@ -319,15 +422,41 @@ def main(argv: list[str] | None = None) -> int:
     domain = a.domain_id if a.domain_id is not None else 10 + os.getpid() % 90
     print(f"{a.cycles} cycles of {a.graph} graph, SIG{a.signal} to {a.target}; logs in {workdir}"
           + ("" if subreaper else " (not a subreaper: orphans' exit codes unknown)"), flush=True)
+    cleaned = shm.clean()  # the baseline: this machine less what no process uses
+    if cleaned.removed:
+        print(f"before the run: {cleaned.summary()}", flush=True)
+    before_names = {f.name for f in shm.SHM_DIR.iterdir()} if shm.SHM_DIR.exists() else set()
+    before, live, pids, kills = shm.usage(), [], [], []
+
+    def on_up(g: LaunchedGraph) -> None:
+        if not live:
+            live.append(shm.usage())
+
+    def between(g: LaunchedGraph) -> None:
+        if a.kills and not kills:
+            kills.extend(kill_cycles(g, a.kill_node, a.kills, getattr(signal, f"SIG{a.kill_signal}"), a.up_timeout_s,
+                                     (0.5, 2.0), log=lambda s: print(s, flush=True)))
+        pids.extend(g.all_pids())
+
     results = run_cycles(a.cycles, workdir, params, bag, getattr(signal, f"SIG{a.signal}"), a.target, a.bound_s,
                          a.up_timeout_s, (0.5, 3.0), domain, log=lambda s: print(s, flush=True), reap_all=subreaper,
-                         graph=a.graph)
+                         graph=a.graph, on_up=on_up, between=between,
+                         extra={"respawn": "true"} if a.kills else None)
     bad = count_abnormal(results)
+    bad_kills = sum(len(k.abnormal()) for k in kills) + (a.kills - len(kills))
     slowest = max(r.seconds for r in results)
+    time.sleep(0.5)
+    check = shm_check(before_names, before, live[0] if live else before, pids)
     print(f"abnormal exits: {bad} (in {a.cycles} cycles; slowest shutdown {slowest:.2f}s)")
-    if bad == 0 and not a.workdir:
+    if a.kills:
+        back = [k.restarted_s for k in kills if k.restarted_s is not None]
+        print(f"{a.kill_node} SIG{a.kill_signal} x{a.kills}: abnormal {bad_kills}; restarted "
+              f"{len(back)}/{a.kills}" + (f" (ready again in {min(back):.1f}-{max(back):.1f}s)" if back else ""))
+    print(check.line())
+    ok = bad == 0 and bad_kills == 0 and check.ok()
+    if ok and not a.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
-    return 0 if bad == 0 else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
