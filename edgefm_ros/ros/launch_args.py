@@ -46,10 +46,13 @@ ARGS = (
     LaunchArg("autostart", "", "true: the lifecycle nodes configure and activate themselves; false: they wait "
               "for `ros2 lifecycle set <node> configure` then `activate`. Empty: the params file's.",
               ("vla_node", "action_node")),
+    LaunchArg("respawn", "false", "true: launch restarts a node that exits or dies (a supervisor's restart); "
+              "stale shared memory of a node that died is removed first."),
     LaunchArg("use_router", "true", "Start router_node (the edge/cloud router; vla_node runs on the edge "
               "without it)."),
 )
 BY_NAME = {a.name: a for a in ARGS}
+RESPAWN_DELAY_S = 1.0  # between a node's exit and its restart (launch's respawn)
 
 
 def declare(**defaults: str) -> list[DeclareLaunchArgument]:
@@ -111,7 +114,8 @@ def graph_nodes(context) -> list:
     ns = value(context, "namespace")
     if not params:
         raise ValueError("launch argument params_file is empty: name a parameter file")
-    common = dict(package="edgefm_ros", namespace=ns, output="screen", additional_env=node_env())
+    common = dict(package="edgefm_ros", namespace=ns, output="screen", additional_env=node_env(),
+                  respawn=parse_bool("respawn", value(context, "respawn")), respawn_delay=RESPAWN_DELAY_S)
     def parameters(node: str) -> list:
         extra = overrides(context, node)
         return [params, extra] if extra else [params]
