@@ -169,16 +169,22 @@ def _scan(reader: Reader, bag: str, mapping: DatasetMapping, progress) -> BagSca
     roles: dict[str, tuple[str, object]] = {}  # topic -> (role, source)
     required = [("observation.state", mapping.state, VECTOR_TYPES), ("action", mapping.action, VECTOR_TYPES)]
     required += [(c.key, c, IMAGE_TYPES) for c in mapping.cameras]
+    types: dict[str, set[str]] = {}
+    for c in reader.connections:
+        types.setdefault(c.topic, set()).add(c.msgtype)
     for role, src, allowed in required:
-        c = conns.get(src.topic)
-        if c is None:
+        if src.topic not in conns:
             raise RecordingError(bag, src.topic, None, f"topic missing (mapped to {role}); the bag has "
                                                        f"{sorted(conns)}")
-        _check_type(bag, src.topic, c.msgtype, allowed, role, None)
+        for msgtype in sorted(types[src.topic]):  # every connection of the topic (a topic may have several)
+            _check_type(bag, src.topic, msgtype, allowed, role, None)
+        if len(types[src.topic]) > 1:
+            raise RecordingError(bag, src.topic, None, f"recorded with several types {sorted(types[src.topic])}")
         roles[src.topic] = (role, src)
     for role, topic in (("instruction", mapping.instruction), ("events", mapping.events)):
         if topic and topic in conns:
-            _check_type(bag, topic, conns[topic].msgtype, TEXT_TYPES, role, None)
+            for msgtype in sorted(types[topic]):
+                _check_type(bag, topic, msgtype, TEXT_TYPES, role, None)
             roles[topic] = (role, topic)
     wanted = [c for c in reader.connections if c.topic in roles]
     total = sum(c.msgcount for c in wanted)

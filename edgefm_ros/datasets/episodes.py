@@ -73,7 +73,7 @@ def _parse_events(scan: BagScan) -> list[tuple[int, dict]]:
     return out
 
 
-def _from_events(scan: BagScan, data_end: int) -> list[EpisodeSpan]:
+def _from_events(scan: BagScan, events: list[tuple[int, dict]], data_end: int) -> list[EpisodeSpan]:
     spans: list[EpisodeSpan] = []
     open_ev: tuple[int, dict] | None = None
 
@@ -84,7 +84,7 @@ def _from_events(scan: BagScan, data_end: int) -> list[EpisodeSpan]:
         spans.append(EpisodeSpan(t0, t_end, task, "events", outcome, str(d.get("task", "")),
                                  int(seed) if isinstance(seed, (int, float)) else -1))
 
-    for t, d in _parse_events(scan):
+    for t, d in events:
         kind = d["event"]
         if kind == "start":
             if open_ev is not None:
@@ -114,8 +114,9 @@ def split_episodes(scan: BagScan, gap_s: float, default_task: str = "") -> tuple
     data_end = int(scan.state.times[-1])
     data_start = int(scan.state.times[0])
     gap_ns = int(round(gap_s * 1e9))
-    if scan.events is not None and any('"start"' in x for x in scan.events.texts):
-        spans, cue = _from_events(scan, data_end), "events"
+    events = _parse_events(scan) if scan.events is not None else []
+    if any(d["event"] == "start" for _, d in events):
+        spans, cue = _from_events(scan, events, data_end), "events"
     elif scan.instruction is not None and scan.instruction.texts:
         ins = scan.instruction
         changes = [(int(t), x) for i, (t, x) in enumerate(zip(ins.times, ins.texts))

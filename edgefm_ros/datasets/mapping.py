@@ -22,7 +22,7 @@ value in the first message's order. Float64MultiArray has no names: ``joints`` t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -106,7 +106,6 @@ class DatasetMapping:
     gap_s: float = 1.0
     robot_type: str = "metaworld_sawyer_ee"
     fps: float | None = None  # from a YAML file; the caller decides what wins
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cameras", tuple(self.cameras))

@@ -59,11 +59,6 @@ def camera_features(info: dict) -> dict[str, str]:
     return {k: f["dtype"] for k, f in info["features"].items() if f.get("dtype") in ("video", "image")}
 
 
-def has_video(root: str | Path) -> bool:
-    info = json.loads((Path(root) / "meta" / "info.json").read_text())
-    return "video" in camera_features(info).values()
-
-
 def _decode_image(data: bytes, where: str) -> np.ndarray:
     img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR) if data else None
     if img is None:
