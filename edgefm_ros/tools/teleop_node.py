@@ -1,11 +1,13 @@
 """teleop_operator: the simulated teleoperation device (edgefm_ros.sim.teleop) as a node on the ROS graph.
 
 It drives sim_node the way a person with a leader arm or a spacemouse would: commands on action_node's command
-topic, of action_node's type (JointTrajectory, Float64MultiArray or JointState, stamped when they are sent),
-once a period while an episode runs. What it sees of the scene is sim_node's ground truth (``ground_truth_topic``,
-a privileged output sim_node publishes only when asked), and the episode events tell it which task to teach
-and when to start and stop. It sends nothing between episodes and never uses ground truth from before an
-episode's start.
+topic, of action_node's type (JointTrajectory, Float64MultiArray or JointState), once a period while an episode
+runs. Each command is stamped with the time of the ground truth it answers, as a teleoperation recorder pairs
+an action with the observation it was made from: a converter sampling the command at or before a frame's time
+(edgefm-bag to-dataset) then takes the one made from that frame's scene or the one before. What it sees of
+the scene is sim_node's ground truth (``ground_truth_topic``, a privileged output sim_node publishes only when
+asked), and the episode events tell it which task to teach and when to start and stop. It sends nothing
+between episodes and never uses ground truth from before an episode's start.
 
     python -m edgefm_ros.tools.teleop_node --ros-args --params-file params.yaml   (edgefm-sim teach starts it)
 """
@@ -162,7 +164,7 @@ class TeleopNode(Node):
                 return  # the first command at the next tick, from the scene as it is then
         cmd = self.op.command(vec, now)
         v = self.values
-        self._cmd_pub.publish(command_message(v["command_type"], v["joint_names"], cmd, to_stamp(now), self.period))
+        self._cmd_pub.publish(command_message(v["command_type"], v["joint_names"], cmd, to_stamp(stamp), self.period))
         self.sent += 1
 
     def _publish_diagnostics(self) -> None:

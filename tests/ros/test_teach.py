@@ -50,6 +50,11 @@ def test_teach_records_one_episode_per_task_and_seed(sim, tmp_path, ros_domain_i
         assert inside[0] - e["start"] < 0.3  # the device starts at once
     between = [s for s in st if not any(e["start"] <= s <= e["end"] + 0.1 for e in eps)]
     assert between == []  # nothing is sent between episodes
+    # each command answers one scene: it carries the stamp of the ground truth it was made from, which sim_node
+    # published with the joint state of that instant (a few joint states may be lost on the best-effort topic)
+    js = {(m.header.stamp.sec, m.header.stamp.nanosec) for _, _, m in _stamps(bag, "/joint_states")}
+    paired = [(m.header.stamp.sec, m.header.stamp.nanosec) in js for _, _, m in cmds]
+    assert sum(paired) >= 0.9 * len(paired), (sum(paired), len(paired))
     # cameras and joint states carry stamps through every episode
     for topic in ("/scene/image_raw", "/wrist/image_raw", "/joint_states"):
         s = np.array([x for _, x, _ in _stamps(bag, topic)])
