@@ -46,7 +46,7 @@ READY = {"vla_node": "warm-up done", "action_node": "active: control loop runnin
 CRASH_WORDS = ("malloc", "Aborted", "Segmentation fault", "core dumped", "Traceback", "double free")
 # A child started with SIGINT ignored (a background job of a non-interactive shell) would ignore Ctrl-C:
 # `ros2 launch` runs with the default disposition restored.
-_EXEC_WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+EXEC_WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
                              "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
@@ -111,7 +111,7 @@ class LaunchedGraph:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         cmd = ["ros2", "launch", package, launch_file] + [f"{k}:={v}" for k, v in args.items()]
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT, *cmd],
+            self.proc = subprocess.Popen([sys.executable, "-c", EXEC_WITH_DEFAULT_SIGINT, *cmd],
                                          env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)

@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import yaml
 from edgefm_ros.runtime.modes import check_mode
 from edgefm_ros.sim.paths import default_checkpoint, share_file
 from edgefm_ros.sim.report import EpisodeOutcome, make_report
+from edgefm_ros.tools.launch_cycles import EXEC_WITH_DEFAULT_SIGINT
 COMMAND_TOPIC = "/edgefm/command"
 EVENTS_TOPIC = "/sim/events"
 RESET_TOPIC = "/sim/reset"
@@ -146,7 +148,10 @@ class LoopGraph:
                f"results_path:={self.params['sim_node'].get('results_path', '')}"]
         env = dict(os.environ, ROS_DOMAIN_ID=str(s.domain_id), PYTHONUNBUFFERED="1")
         with open(self.workdir / "launch.log", "ab") as log:
-            self.launch = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # with SIGINT's default action restored: started from a background job (SIGINT ignored), ros2 launch
+            # would ignore the SIGINT that stops it, and be killed at the bound instead
+            self.launch = subprocess.Popen([sys.executable, "-c", EXEC_WITH_DEFAULT_SIGINT, *cmd], env=env, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
 
     # ---- observing ----------------------------------------------------------------------------------------
     def _on_event(self, msg) -> None:

@@ -20,6 +20,9 @@ from typing import Mapping, Sequence
 
 import yaml
 
+from edgefm_ros.housekeeping import shm
+from edgefm_ros.housekeeping.signals import sigterm_exits
+
 # the nodes edgefm.launch.py starts
 LAUNCH_GRAPH = ("vla_node", "action_node", "router_node")
 OUTPUT_TOPICS = ("edgefm/action_chunk", "edgefm/queue_status", "edgefm/route", "/diagnostics")
@@ -93,6 +96,11 @@ class ReplaySession:
         from edgefm_ros.ros.diagnostics import DiagnosticArray
         from edgefm_ros.tools.bag.record import Recorder, RecordConfig
 
+        self._sigterm = sigterm_exits()
+        self._sigterm.__enter__()  # SIGTERM of the tool stops the nodes it started, as Ctrl-C does
+        cleaned = shm.clean()  # what earlier runs killed by SIGKILL or the OOM killer left in /dev/shm
+        if cleaned.removed:
+            print(f"before the run: {cleaned.summary()}", flush=True)
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.record_path.exists():
             shutil.rmtree(self.record_path)
@@ -125,7 +133,11 @@ class ReplaySession:
         spin_until_shutdown(self.executor, self.context, period_s=0.1)
 
     def start_node(self, name: str) -> subprocess.Popen:
-        env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain_id), PYTHONUNBUFFERED="1", **self.node_env.get(name, {}))
+        from edgefm_ros.ros.spin import EXIT_WITH_PARENT_ENV  # rclpy, loaded lazily like the rest of the session's
+
+        # EXIT_WITH_PARENT: a node ends with this tool, even one killed by SIGKILL (no orphan keeps running)
+        env = dict(os.environ, ROS_DOMAIN_ID=str(self.domain_id), PYTHONUNBUFFERED="1",
+                   **{EXIT_WITH_PARENT_ENV: "1", **self.node_env.get(name, {})})
         log = open(self.workdir / f"{name}.log", "ab")
         cmd = node_command(name) + ["--ros-args", "--params-file", str(self.params_file)]
         self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -179,6 +191,9 @@ class ReplaySession:
         self.node.destroy_node()
         self.context.try_shutdown()
         self._spin.join(timeout=2.0)
+        self.context.destroy()  # the participant deleted now, not when the collector gets to it
+        shm.clean()  # a node that had to be killed at the bound left its files
+        self._sigterm.__exit__(None, None, None)
 
     # ---- observing --------------------------------------------------------------------------------------
     def _on_diag(self, msg) -> None:
