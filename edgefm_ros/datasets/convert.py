@@ -98,9 +98,12 @@ def plan_bag(path: str | Path, mapping: DatasetMapping, cfg: ConvertConfig,
         s = synchronise(streams, max_age_ns, span.start_ns, span.end_ns, cfg.fps)
         if len(s.ticks) < cfg.chunk_size:
             stale = ", ".join(f"{_topic(mapping, k)} {n}" for k, n in s.stale.items() if n)
+            never = [_topic(mapping, k) for k, n in s.stale.items() if s.total_ticks and n == s.total_ticks]
             problem = (f"episode {i} of this bag ({span.task!r}, {(span.end_ns - span.start_ns) * 1e-9:.2f} s) keeps "
                        f"{len(s.ticks)} of {s.total_ticks} ticks at {cfg.fps} fps, fewer than one chunk "
-                       f"({cfg.chunk_size})" + (f"; stale ticks by stream: {stale}" if stale else ""))
+                       f"({cfg.chunk_size})" + (f"; stale ticks by stream: {stale}" if stale else "")
+                       + (f" ({', '.join(never)} never had a sample within max_age_s: stamped on another clock? "
+                          f"try clock: bag)" if never and mapping.clock == "header" else ""))
             if cfg.skip_short:
                 skipped.append({"episode_in_bag": i, "start_ns": span.start_ns, "frames": len(s.ticks),
                                 "reason": problem})

@@ -55,6 +55,7 @@ class SynthConfig:
     wrong_type_topic: str = ""  # this topic is written as std_msgs/String
     omit_topics: tuple[str, ...] = ()
     camera_dropout_s: tuple[float, float] | None = None  # (from, to): the first camera publishes nothing
+    camera_stamp_offset_s: float = 0.0  # camera stamps from another clock (received on time all the same)
 
     def __post_init__(self) -> None:
         if self.storage not in STORAGES:
@@ -180,13 +181,14 @@ def write_synthetic_bag(cfg: SynthConfig) -> dict:
                 cam_count[i] += 1
                 topic = camera_topic(cfg.cameras[i], cfg.transport)
                 if cfg.transport == "raw":
-                    msg = T["sensor_msgs/msg/Image"](header=header(x, cfg.cameras[i]), height=cfg.height,
+                    msg = T["sensor_msgs/msg/Image"](header=header(x + cfg.camera_stamp_offset_s, cfg.cameras[i]), height=cfg.height,
                                                      width=cfg.width, encoding="rgb8", is_bigendian=0,
                                                      step=cfg.width * 3, data=rgb.reshape(-1))
                     write(topic, "sensor_msgs/msg/Image", msg, x)
                 else:
                     ok, jpg = cv2.imencode(".jpg", rgb[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, cfg.jpeg_quality])
-                    msg = T["sensor_msgs/msg/CompressedImage"](header=header(x, cfg.cameras[i]), format="jpeg",
+                    msg = T["sensor_msgs/msg/CompressedImage"](header=header(x + cfg.camera_stamp_offset_s,
+                                                                             cfg.cameras[i]), format="jpeg",
                                                                data=jpg.reshape(-1))
                     write(topic, "sensor_msgs/msg/CompressedImage", msg, x)
             elif kind == "state":

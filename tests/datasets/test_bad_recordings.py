@@ -73,6 +73,16 @@ def test_stale_streams_make_an_episode_short(tmp_path):
     assert e.topic == "/sim/events"
 
 
+def test_cameras_stamped_on_another_clock_say_so_and_convert_on_the_bag_clock(tmp_path):
+    bag = make_bag(tmp_path, episodes=(("reach", 1.0),), camera_stamp_offset_s=-100.0)
+    _fails(tmp_path, [bag], r"keeps 0 of 21 ticks .*\(/scene/image_raw, /wrist/image_raw never had a sample within "
+                            r"max_age_s: stamped on another clock\? try clock: bag\)")
+    from dataclasses import replace
+
+    r = convert_bags([bag], tmp_path / "ok", replace(DatasetMapping(), clock="bag"), ConvertConfig())
+    assert r.frames >= 16 and r.bags[0]["split_by"] == "events"
+
+
 @pytest.mark.parametrize("storage", ["sqlite3", "mcap"])
 def test_truncated_bag(tmp_path, storage):
     bag = make_bag(tmp_path, storage=storage)
