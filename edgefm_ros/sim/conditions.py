@@ -1,6 +1,6 @@
 """Camera conditions: what a real camera and its link do to a frame, drawn per episode from its seed.
 
-    cond = draw_condition("mixed", seed=1003)          # the episode's condition (same seed, same condition)
+    cond = draw_condition("mixed", "push", 1003)       # the episode's condition (same task and seed, same one)
     cam = ConditionedCamera(cond, seed=1003)           # applies it to every frame, where a camera driver would
     images = cam(env.render())                         # {camera: uint8 [H, W, 3]}
 
@@ -180,14 +180,15 @@ def get_condition(name: str) -> Condition:
         raise ValueError(f"unknown camera condition {name!r}; conditions: {sorted(CONDITIONS)}") from None
 
 
-def draw_condition(condition_set: str, seed: int) -> Condition:
-    """The condition of the episode with layout ``seed`` under ``condition_set`` (deterministic)."""
+def draw_condition(condition_set: str, task: str, seed: int) -> Condition:
+    """The condition of ``task``'s episode ``seed`` under ``condition_set`` (deterministic; the task enters the
+    draw so that one seed's episodes of different tasks are not all under the same condition)."""
     cs = get_condition_set(condition_set)
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     if len(cs.shares) == 1:
         return CONDITIONS[cs.shares[0][0]]
-    u = np.random.default_rng([_DRAW_SALT, int(seed)]).random()
+    u = np.random.default_rng([_DRAW_SALT, zlib.crc32(task.encode()), int(seed)]).random()
     edges = np.cumsum([s for _, s in cs.shares])
     return CONDITIONS[cs.shares[min(int(np.searchsorted(edges, u, side="right")), len(edges) - 1)][0]]
 

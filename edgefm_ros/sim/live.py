@@ -279,7 +279,7 @@ class LiveSim:
             instruction = str(getattr(self.tasks[ep.task], "instruction"))
         else:
             instruction = episode_instruction(ep.task, ep.seed, self.cfg.phrasings)
-        condition = draw_condition(self.cfg.conditions, ep.seed)
+        condition = draw_condition(self.cfg.conditions, ep.task, ep.seed)
         self._camera = ConditionedCamera(condition, ep.seed)
         with self.lock:
             self.current = EpisodeRecord(self.count, ep, instruction, now, float(self.env.sim_time),

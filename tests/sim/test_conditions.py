@@ -34,17 +34,20 @@ def sharpness(img: np.ndarray) -> float:
 
 def test_draw_is_deterministic_per_seed_and_independent_of_order():
     seeds = RNG.integers(0, 10_000, size=50).tolist()
-    first = [C.draw_condition("mixed", s).name for s in seeds]
-    again = [C.draw_condition("mixed", s).name for s in reversed(seeds)][::-1]
+    first = [C.draw_condition("mixed", "push", s).name for s in seeds]
+    again = [C.draw_condition("mixed", "push", s).name for s in reversed(seeds)][::-1]
     assert first == again
     assert all(episode_setup("push", s, "mixed").condition.name == n for s, n in zip(seeds, first))
+    # tasks draw independently: one seed's episodes are not all under one condition
+    by_task = [[C.draw_condition("mixed", t, s).name for s in range(200)] for t in TASKS]
+    assert len({tuple(x) for x in by_task}) == len(TASKS)
 
 
 @pytest.mark.parametrize("name", sorted(C.CONDITION_SETS))
 def test_condition_sets_draw_their_stated_shares(name):
     cs = C.CONDITION_SETS[name]
     n = 4000
-    counts = Counter(C.draw_condition(name, s).name for s in range(n))
+    counts = Counter(C.draw_condition(name, list(TASKS)[s % len(TASKS)], s).name for s in range(n))
     assert set(counts) == {c for c, _ in cs.shares}
     for cond, share in cs.shares:
         sd = np.sqrt(share * (1 - share) / n)
@@ -192,7 +195,7 @@ def test_sync_and_async_apply_the_same_condition_to_the_same_episode():
     # one seed per degradation kind that changes pixels at random (noise) and one deterministic (jpeg)
     picks = {}
     for s in EVAL_SEEDS:
-        picks.setdefault(C.draw_condition("mixed", s).name, s)
+        picks.setdefault(C.draw_condition("mixed", "reach", s).name, s)
         if {"noise", "jpeg"} <= set(picks):
             break
     with SimEnv(SimConfig(image_hw=(32, 32))) as env:
@@ -215,3 +218,35 @@ def test_sync_and_async_apply_the_same_condition_to_the_same_episode():
             run_episode(env, clean, "reach", seed, n_action_steps=2, max_seconds=0.1)
             assert np.array_equal(clean.seen[0][0]["scene"], rendered["scene"])  # default: clean, canonical
             assert clean.seen[0][1] == TASKS["reach"].instruction
+
+
+def test_live_sim_publishes_the_episode_condition_and_instruction():
+    """sim_node's episode logic: the start event names the seed's condition and wording; camera() applies it."""
+    from edgefm_ros.sim.live import LiveConfig, LiveSim, Episode
+
+    class Arm:
+        sim_time = 0.0
+
+        def reset(self, task, seed):
+            self.sim_time = 0.0
+
+        def set_command(self, target):
+            pass
+
+        def advance(self, seconds):
+            self.sim_time += seconds
+
+        def success(self):
+            return False
+
+    seed = next(s for s in EVAL_SEEDS if C.draw_condition("degraded", "push", s).name == "dark")
+    live = LiveSim(Arm(), TASKS, [Episode("push", seed)], LiveConfig(conditions="degraded", phrasings="varied"))
+    img = scene()
+    assert np.array_equal(live.camera({"scene": img})["scene"], img)  # before any episode: as rendered
+    (ev,) = live.update(0.0)
+    assert ev["event"] == "start" and ev["condition"] == "dark"
+    assert ev["instruction"] == episode_instruction("push", seed, "varied") == live.current.instruction
+    assert np.array_equal(live.camera({"scene": img})["scene"], apply("dark", img))
+    assert live.current.result()["condition"] == "dark"
+    with pytest.raises(ValueError, match="'hazy'"):
+        LiveConfig(conditions="hazy")
