@@ -11,6 +11,7 @@ appears whole or not at all.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import queue
@@ -177,21 +178,22 @@ def _write_frames(plan: BagPlan, mapping: DatasetMapping, writer: DatasetWriter,
         w.start()
     base = done
     try:
-        for topic, k, msgtype, raw in iter_camera_messages(bag, list(key_of)):
-            if stop.is_set():
-                break
-            key = key_of[topic]
-            want, p = needed[key], pos[key]
-            if p >= len(want) or want[p] != k:
-                continue
-            while p < len(want) and want[p] == k:
-                p += 1
-            workers[key].put((topic, msgtype, raw, p - pos[key]))
-            pos[key] = p
-            if progress is not None:
-                progress("frames", base + sum(w.done for w in workers.values()), total)
-            if all(pos[x] == len(v) for x, v in needed.items()):
-                break
+        with contextlib.closing(iter_camera_messages(bag, list(key_of))) as messages:  # closes the bag on break
+            for topic, k, msgtype, raw in messages:
+                if stop.is_set():
+                    break
+                key = key_of[topic]
+                want, p = needed[key], pos[key]
+                if p >= len(want) or want[p] != k:
+                    continue
+                while p < len(want) and want[p] == k:
+                    p += 1
+                workers[key].put((topic, msgtype, raw, p - pos[key]))
+                pos[key] = p
+                if progress is not None:
+                    progress("frames", base + sum(w.done for w in workers.values()), total)
+                if all(pos[x] == len(v) for x, v in needed.items()):
+                    break
         for w in workers.values():
             w.put(None)
         while any(w.is_alive() for w in workers.values()):

@@ -137,6 +137,11 @@ def test_images_mode_and_the_training_loader(converted, tmp_path):
 
     demos = read_demos(d / "ds")
     assert type(demos).__name__ == "LeRobotDemos" and demos.episode_task[2] == "drawer-open"
+    sim_reader = read_demos(tmp_path / "img")  # an image dataset with this package's columns: the simulator's reader
+    assert type(sim_reader).__name__ == "DemoDataset"
+    np.testing.assert_array_equal(sim_reader.state, img.state)
+    np.testing.assert_array_equal(sim_reader.images["wrist"], img.images["wrist"])
+    assert sim_reader.episode_task == img.episode_task and sim_reader.tasks == img.tasks
 
     class Pre:  # hands back what the batcher gives the preprocessor
         stats = NormStats(torch.zeros(4), torch.ones(4), torch.zeros(4), torch.ones(4))
