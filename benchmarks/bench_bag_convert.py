@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -41,6 +42,13 @@ def _cpu() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def _cpu_s() -> float:
+    """CPU seconds this process (all its threads) has used: with the wall time under load, what an idle
+    machine would need at least (cpu_s / cores)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,11 +83,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{size / 2**20:.0f} MiB ({a.storage}); made in {make_s:.0f}s", flush=True)
     mapping = DatasetMapping(cameras=tuple(CameraSource(c, camera_topic(c, a.transport)) for c in ("scene", "wrist")))
     cfg = ConvertConfig(fps=a.fps, video=VideoConfig(vcodec=a.vcodec))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     report = convert_bags([bag], out, mapping, cfg, ProgressPrinter(sys.stderr, every_s=10.0))
-    conv_s = time.perf_counter() - t0
+    conv_s, cpu_s = time.perf_counter() - t0, _cpu_s() - c0
     frames = report.frames * 2
-    result = {"seconds": round(conv_s, 2), "target_s": TARGET_S, "ratio_to_target": round(conv_s / TARGET_S, 3),
+    result = {"seconds": round(conv_s, 2), "cpu_seconds": round(cpu_s, 1),
+              "idle_estimate_s": round(cpu_s / (os.cpu_count() or 1), 1), "target_s": TARGET_S, "ratio_to_target": round(conv_s / TARGET_S, 3),
               "camera_frames": frames, "frames_per_s": round(frames / conv_s, 1), "episodes": report.episodes,
               "dataset_fps": a.fps, "minutes": a.minutes, "image": f"{a.width}x{a.height}", "transport": a.transport,
               "vcodec": a.vcodec, "storage": a.storage, "bag_mib": round(size / 2**20, 1),
@@ -88,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
               "date": time.strftime("%Y-%m-%d")}
     print(f"convert: {conv_s:.1f}s for {frames} camera frames ({result['frames_per_s']:.0f}/s), "
           f"{conv_s / TARGET_S:.2f}x the {TARGET_S:.0f}s target; dataset {result['dataset_mib']} MiB; "
-          f"{result['cpu']}, {result['cores']} cores, load {result['load_1min']}")
+          f"{result['cpu']}, {result['cores']} cores, load {result['load_1min']}; CPU time {cpu_s:.1f}s "
+          f"(at least {result['idle_estimate_s']}s on {result['cores']} idle cores)")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
     if not a.keep and not a.workdir:

@@ -220,6 +220,20 @@ def _partial_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.partial-{os.getpid()}"
 
 
+def _remove_stale_partials(out: Path) -> None:
+    """Partial directories of ``out`` whose converting process is gone (killed before it could clean up)."""
+    for d in out.parent.glob(f".{out.name}.partial-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:  # another user's live process
+            pass
+
+
 def convert_bags(bags: Sequence[str | Path], out: str | Path, mapping: DatasetMapping = DatasetMapping(),
                  cfg: ConvertConfig = ConvertConfig(), progress: Progress | None = None) -> ConversionReport:
     """Convert ``bags`` (in order; episodes numbered across them) into a LeRobot v3.0 dataset at ``out``.
@@ -247,6 +261,7 @@ def convert_bags(bags: Sequence[str | Path], out: str | Path, mapping: DatasetMa
     total = sum(len(e.sync.ticks) for p in plans for e in p.episodes) * len(mapping.cameras)
     report = ConversionReport(fps=cfg.fps, chunk_size=cfg.chunk_size, mapping=mapping.as_dict(),
                               cameras="images" if cfg.images else f"video ({cfg.video.vcodec})")
+    _remove_stale_partials(out)
     tmp = _partial_dir(out)
     if tmp.exists():
         shutil.rmtree(tmp)

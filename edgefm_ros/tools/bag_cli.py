@@ -160,6 +160,7 @@ def _info(a) -> int:
 
 def _to_dataset(a) -> int:
     import dataclasses
+    import signal
     import time
 
     from edgefm_ros.datasets.convert import ConvertConfig, convert_bags
@@ -183,6 +184,8 @@ def _to_dataset(a) -> int:
     m = dataclasses.replace(m, **kw)
     cfg = ConvertConfig(fps=a.fps or m.fps or 20, chunk_size=a.chunk_size, images=a.images,
                         video=VideoConfig(vcodec=a.vcodec, crf=a.crf), skip_short=a.skip_short)
+    # SIGTERM ends the conversion like Ctrl-C: the partial output is removed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.perf_counter()
     report = convert_bags(a.bags, a.out, m, cfg, ProgressPrinter(sys.stderr))
     for line in report.lines():

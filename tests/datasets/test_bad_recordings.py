@@ -144,3 +144,13 @@ def test_cli_names_the_problem_and_exits_2(tmp_path, capsys):
     assert bag_main(["to-dataset", str(tmp_path / "nope"), "--out", str(tmp_path / "ds")]) == 2
     assert "no such bag" in capsys.readouterr().err
     shutil.rmtree(bag)
+
+
+def test_a_killed_conversions_partial_directory_is_removed_by_the_next(tmp_path):
+    bag = make_bag(tmp_path, episodes=(("reach", 1.0),))
+    dead = tmp_path / ".ds.partial-999999999"  # no such process
+    (dead / "data").mkdir(parents=True)
+    live = tmp_path / f".ds.partial-{os.getppid()}"  # a live process's is left alone
+    live.mkdir()
+    convert_bags([bag], tmp_path / "ds", DatasetMapping(), ConvertConfig())
+    assert (tmp_path / "ds" / "meta" / "info.json").is_file() and not dead.exists() and live.exists()
