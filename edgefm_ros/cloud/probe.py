@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from edgefm_ros.cloud.client.base import measure
+from edgefm_ros.cloud.client.base import measure, read_token
 from edgefm_ros.cloud.transport import Call, HttpTransport
 
 PROBE_PATH = "/edgefm/probe"
@@ -161,3 +161,16 @@ class LinkProber:
 def make_prober(url: str, token: str | None, link, config: ProbeConfig, ca_file: str | None = None) -> LinkProber:
     """A prober of ``url``'s nginx feeding ``link`` (its own connection, not the API client's)."""
     return LinkProber(HttpTransport(url, token, ca_file, max_idle=1), link, config)
+
+
+def prober_for(url: str, token_file: str, ca_file: str, period_s: float, nbytes: int, link) -> LinkProber | None:
+    """A node's link prober from its parameters (cloud_url, cloud_token_file, cloud_ca_file, probe_period_s,
+    probe_bytes): None without a URL, a link estimate to feed or a period; the bearer token from ``token_file``,
+    else $EDGEFM_CLOUD_TOKEN. ValueError naming a token file that cannot be read."""
+    if not url or link is None or period_s <= 0:
+        return None
+    try:
+        token = read_token(token_file)
+    except OSError as e:
+        raise ValueError(f"cloud_token_file {token_file!r} cannot be read: {e}") from None
+    return make_prober(url, token, link, ProbeConfig(period_s=period_s, nbytes=nbytes), ca_file or None)

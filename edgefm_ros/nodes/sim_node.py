@@ -7,62 +7,52 @@ queue. Applies the newest command from action_node (JointTrajectory, Float64Mult
 a malformed one (NaN, wrong length, unknown joints) never reaches the arm: it is counted and reported in
 /diagnostics. Without commands the arm holds its last target.
 
-Lifecycle: configure builds the simulator (on its own thread) and the publishers, all in one place, and
-``_release`` undoes all of it (a failed configure, cleanup, an error, shutdown); activate starts physics on
-that thread (steps physics up to the wall clock every 1/state_rate_hz, renders the cameras every
-1/camera_rate_hz) and, with realtime_priority, puts the executor thread on SCHED_FIFO; deactivate pauses
-physics and puts the executor thread's scheduling back; cleanup ends the thread, which closes the simulator
-(one that does not end within ``stop_timeout_s`` is kept, and cleanup fails, rather than being forgotten).
-The episode logic is edgefm_ros.sim.live (no ROS).
+Lifecycle (ros/lifecycle.py holds what every node shares): configure builds the simulator on its own thread
+and the publishers; activate starts physics on that thread (steps physics up to the wall clock every
+1/state_rate_hz, renders the cameras every 1/camera_rate_hz), on SCHED_FIFO with realtime_priority (the
+executor thread just below it); deactivate pauses physics; release ends the thread, which closes the
+simulator (one that does not end within ``stop_timeout_s`` is kept, and cleanup fails, rather than being
+forgotten). The episode logic is edgefm_ros.sim.live (no ROS).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import math
-import os
 import sys
 import threading
 import time
 from pathlib import Path
 
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import Float64MultiArray, Header, String
-from trajectory_msgs.msg import JointTrajectory
+from std_msgs.msg import Header, String
 
 from edgefm_ros.control.stats import RollingStats
+from edgefm_ros.params import topics
+from edgefm_ros.params.sim import SimNodeConfig
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
-from edgefm_ros.ros.convert import rgb_to_image_msg, to_sec, to_stamp
+from edgefm_ros.ros.commands import COMMAND_MSG, command_fields
+from edgefm_ros.ros.convert import rgb_to_image_msg, to_stamp
 from edgefm_ros.ros.images import encode_jpeg
-from edgefm_ros.ros.params import declare
+from edgefm_ros.ros.lifecycle import ManagedNode
 from edgefm_ros.ros.realtime import FifoScope, join_or_report
-from edgefm_ros.ros.sim_params import NODE_NAME, PARAMS, SimNodeConfig, make_config
 from edgefm_ros.ros.spin import run_node
+from edgefm_ros.sim.env import SimConfig, SimEnv
+from edgefm_ros.sim.live import LiveConfig, LiveSim, parse_episode
+from edgefm_ros.sim.tasks import EVAL_SEEDS, TASKS
+from edgefm_ros.sim.teleop import GROUND_TRUTH_NAMES
 
 REJECT_WARN_S = 5.0  # /diagnostics warns this long after a refused command
-COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
-               "joint_state": JointState}
-STOP_TIMEOUT_S = 5.0  # cleanup waits this long for the physics thread to end
 
 
-def command_fields(msg) -> tuple[list[str], list[float], float]:
-    """(joint names, positions, header stamp in s; 0 when unstamped) of any of the three command types."""
-    if isinstance(msg, JointTrajectory):
-        if not msg.points:
-            raise ValueError("JointTrajectory without points")
-        return list(msg.joint_names), list(msg.points[0].positions), to_sec(msg.header.stamp)
-    if isinstance(msg, JointState):
-        return list(msg.name), list(msg.position), to_sec(msg.header.stamp)
-    return [], list(msg.data), 0.0
+class SimNode(ManagedNode):
+    CONFIG = SimNodeConfig
+    STATUS = "simulation"
 
-
-class SimNode(LifecycleNode):
     def __init__(self, **kwargs):
-        super().__init__(NODE_NAME, **kwargs)
-        self.values = declare(self, PARAMS)
-        self.cfg: SimNodeConfig | None = None
+        super().__init__(**kwargs)
         self.env = None
         self.live = None
         self._stop = threading.Event()  # the simulator thread ends (cleanup, shutdown)
@@ -70,84 +60,52 @@ class SimNode(LifecycleNode):
         self._thread: threading.Thread | None = None
         self._active = False
         self._realtime = False  # the physics thread runs SCHED_FIFO
-        self.executor_rt = FifoScope()  # the executor thread's SCHED_FIFO while active, and what it had before
-        self.stop_timeout_s = STOP_TIMEOUT_S
-        self._pubs: list = []  # lifecycle publishers, made at configure
-        self._subs: list = []
         self._truth_pub = None  # ground_truth_topic's publisher (configured with one), and its names
         self._truth_names: list[str] = []
         self._last_reject_at = -math.inf  # monotonic time of the last refused command
         self.render_ms = RollingStats()
         self.step_ms = RollingStats()
         self.loop_gap_ms = RollingStats()
-        self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
-        self._diag_timer = self.create_timer(self.values["diagnostics_period_s"], self._publish_diagnostics)
-        if self.values["autostart"]:
-            if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
-                self.trigger_activate()
 
     # lifecycle -------------------------------------------------------------------------------------------
-    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        log = self.get_logger()
-        if self._thread is not None:  # a physics thread that never ended (see _stop_thread): not a second one
-            log.error("configure refused: the previous physics thread is still running")
-            return TransitionCallbackReturn.FAILURE
-        try:  # everything the node holds while configured is acquired here and released by _release
-            self.cfg = c = make_config(self.values)
-            from edgefm_ros.sim.env import SimConfig, SimEnv
-            from edgefm_ros.sim.live import LiveConfig, LiveSim, parse_episode
-            from edgefm_ros.sim.tasks import EVAL_SEEDS, TASKS
-
-            episodes = [parse_episode(e, TASKS) for e in c.episodes] or \
-                [parse_episode(f"{t}:{EVAL_SEEDS[0]}", TASKS) for t in TASKS]
-            kw = {"image_hw": (c.image_height, c.image_width)} if c.image_height else {}
-            config = SimConfig(**kw)
-            unknown = [n for n in c.camera_names if n not in config.cameras]
-            if unknown:
-                raise ValueError(f"camera_names {unknown} are not cameras of the simulator {list(config.cameras)}")
-            t0 = time.perf_counter()
-            # the simulator and its GL contexts belong to one thread for the node's life: it builds every
-            # task's world now (not mid-run) and runs physics while the node is active
-            self._start_thread(lambda: SimEnv(config), [(e.task, episodes[0].seed) for e in
-                                                         {e.task: e for e in episodes}.values()])
-            self.live = LiveSim(self.env, TASKS, episodes, LiveConfig(
-                timeout_s=c.timeout_s, settle_s=c.settle_s, start_delay_s=c.start_delay_s, repeat=c.repeat,
-                wait_for_start=c.wait_for_start, command_guard_s=c.command_guard_s, joint_names=c.joint_names,
-                conditions=c.conditions, phrasings=c.phrasings),
-                clock=self._now)
-            pub = self._lifecycle_publisher
-            self._image_pubs = [pub(Image, t, qos.SENSOR) for t in c.camera_topics]
-            self._jpeg_pubs = [pub(CompressedImage, t.rstrip("/") + "/compressed", qos.SENSOR)
-                               for t in c.camera_topics] if c.publish_compressed else []
-            self._state_pub = pub(JointState, c.joint_states_topic, qos.SENSOR)
-            if c.ground_truth_topic:  # privileged: for a scripted operator (tools/teleop_node.py), never a policy
-                from edgefm_ros.sim.teleop import GROUND_TRUTH_NAMES
-
-                self._truth_names = list(GROUND_TRUTH_NAMES)
-                self._truth_pub = pub(JointState, c.ground_truth_topic, qos.SENSOR)
-            self._task_pub = pub(String, c.instruction_topic, qos.LATCHED)
-            self._event_pub = pub(String, c.events_topic, qos.RELIABLE)
-            self._start_pub = pub(Header, c.episode_start_topic, qos.RELIABLE)
-            self._subs = [self.create_subscription(COMMAND_MSG[c.command_type], c.command_topic, self._on_command,
-                                                   qos.RELIABLE),
-                          self.create_subscription(String, c.reset_topic, self._on_reset, qos.RELIABLE)]
-        except Exception as e:  # bad parameters, topic names or no simulator: unconfigured, holding nothing
-            log.error(f"configure failed: {e}")
-            self._release()
-            return TransitionCallbackReturn.FAILURE
-        log.info(f"configured in {time.perf_counter() - t0:.1f}s: {len(self.live.episodes)} episodes, cameras "
-                 f"{list(c.camera_names)} {self.env.config.image_hw} at {c.camera_rate_hz:g} Hz, state at {c.state_rate_hz:g} Hz, "
-                 f"{c.command_type} commands on {c.command_topic}")
-        return super().on_configure(state)
+    def configure(self, c: SimNodeConfig) -> None:
+        episodes = [parse_episode(e, TASKS) for e in c.episodes] or \
+            [parse_episode(f"{t}:{EVAL_SEEDS[0]}", TASKS) for t in TASKS]
+        kw = {"image_hw": (c.image_height, c.image_width)} if c.image_height else {}
+        config = SimConfig(**kw)
+        unknown = [n for n in c.camera_names if n not in config.cameras]
+        if unknown:
+            raise ValueError(f"camera_names {unknown} are not cameras of the simulator {list(config.cameras)}")
+        t0 = time.perf_counter()
+        # the simulator and its GL contexts belong to one thread for the node's life: it builds every
+        # task's world now (not mid-run) and runs physics while the node is active
+        self._start_thread(lambda: SimEnv(config), [(e.task, episodes[0].seed) for e in
+                                                     {e.task: e for e in episodes}.values()])
+        self.live = LiveSim(self.env, TASKS, episodes, LiveConfig(
+            timeout_s=c.timeout_s, settle_s=c.settle_s, start_delay_s=c.start_delay_s, repeat=c.repeat,
+            wait_for_start=c.wait_for_start, command_guard_s=c.command_guard_s, joint_names=c.joint_names,
+            conditions=c.conditions, phrasings=c.phrasings),
+            clock=self._now)
+        pub = self.create_lifecycle_publisher
+        self._image_pubs = [pub(Image, t, qos.SENSOR) for t in c.camera_topics]
+        self._jpeg_pubs = [pub(CompressedImage, topics.compressed(t), qos.SENSOR)
+                           for t in c.camera_topics] if c.publish_compressed else []
+        self._state_pub = pub(JointState, c.joint_states_topic, qos.SENSOR)
+        if c.ground_truth_topic:  # privileged: for a scripted operator (tools/teleop_node.py), never a policy
+            self._truth_names = list(GROUND_TRUTH_NAMES)
+            self._truth_pub = pub(JointState, c.ground_truth_topic, qos.SENSOR)
+        self._task_pub = pub(String, c.instruction_topic, qos.LATCHED)
+        self._event_pub = pub(String, c.events_topic, qos.RELIABLE)
+        self._start_pub = pub(Header, c.episode_start_topic, qos.RELIABLE)
+        self.create_subscription(COMMAND_MSG[c.command_type], c.command_topic, self._on_command, qos.RELIABLE)
+        self.create_subscription(String, c.reset_topic, self._on_reset, qos.RELIABLE)
+        self.get_logger().info(
+            f"configured in {time.perf_counter() - t0:.1f}s: {len(self.live.episodes)} episodes, cameras "
+            f"{list(c.camera_names)} {self.env.config.image_hw} at {c.camera_rate_hz:g} Hz, state at "
+            f"{c.state_rate_hz:g} Hz, {c.command_type} commands on {c.command_topic}")
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        ret = super().on_activate(state)
-        p = self.cfg.realtime_priority
-        if p > 0:  # the executor thread takes the GIL for callbacks: just below the physics thread, so it is
-            try:   # never preempted while the physics thread waits for the GIL (priority inversion)
-                self.executor_rt.apply(max(1, p - 1))  # put back at deactivate
-            except OSError as e:
-                self.get_logger().warning(f"realtime priority {p - 1} not applied to the executor thread: {e}")
+        ret = super().on_activate(state)  # publishers on; the executor thread on SCHED_FIFO below physics'
         self._active = True
         self._running.set()
         self.get_logger().info("active: physics running on the wall clock")
@@ -156,58 +114,11 @@ class SimNode(LifecycleNode):
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._active = False
         self._running.clear()
-        self._restore_executor_scheduling()
         return super().on_deactivate(state)
 
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        if not self._release():
-            return TransitionCallbackReturn.FAILURE
-        return super().on_cleanup(state)
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return super().on_shutdown(state)
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """After a transition erred: unconfigured with everything released once the physics thread has
-        ended; finalized (FAILURE) while it still runs, holding what it uses."""
-        if not self._release():
-            self.get_logger().error("the physics thread is still running: the node is finalized")
-            return TransitionCallbackReturn.FAILURE
-        return super().on_error(state)
-
-    def stop_for_exit(self) -> None:
-        """Before the process exits (run_node): the physics thread stopped and joined (within stop_timeout_s;
-        it closes the simulator) and the executor thread's scheduling put back."""
-        self._stop_thread()
-        self._restore_executor_scheduling()
-
-    def _lifecycle_publisher(self, *args):
-        p = self.create_lifecycle_publisher(*args)
-        self._pubs.append(p)
-        return p
-
-    def _release(self) -> bool:
-        """Undo configure (and activate), whatever part of it was done: the physics thread ended (it closes
-        the simulator), the executor thread's scheduling put back, subscriptions and publishers destroyed.
-        False, releasing nothing more, while the physics thread still runs after ``stop_timeout_s``."""
-        if not self._stop_thread():
-            return False
-        self._restore_executor_scheduling()
-        for sub in self._subs:
-            self.destroy_subscription(sub)
-        for pub in self._pubs:
-            self.destroy_lifecycle_publisher(pub)
-        self._subs, self._pubs = [], []
+    def release(self) -> None:
         self._truth_pub = None
         self.live = self.env = None
-        return True
-
-    def _restore_executor_scheduling(self) -> None:
-        try:
-            self.executor_rt.restore()
-        except OSError as e:
-            self.get_logger().error(f"the executor thread's scheduling could not be put back: {e}")
 
     def _start_thread(self, make_env, warm: list[tuple[str, int]]) -> None:
         """The simulator thread: builds the env and each task's world, then runs physics while active.
@@ -228,17 +139,14 @@ class SimNode(LifecycleNode):
                 ready.set()
                 return
             ready.set()
-            if self.cfg.realtime_priority > 0:
-                try:
-                    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.cfg.realtime_priority))
-                    self._realtime = True
-                except OSError as e:
-                    self.get_logger().warning(f"realtime priority {self.cfg.realtime_priority} not applied to "
-                                              f"the physics thread: {e}")
+            rt = FifoScope()  # this thread's SCHED_FIFO, put back when it ends
+            p = self.cfg.realtime_priority
+            self._realtime = p > 0 and rt.apply_or_warn(p, self.get_logger(), "physics thread")
             try:
                 self._physics_loop()
             finally:
                 self.env.close()
+                rt.restore()
 
         self._stop.clear()
         self._thread = threading.Thread(target=body, name="physics", daemon=True)
@@ -249,7 +157,7 @@ class SimNode(LifecycleNode):
             self._thread = None
             raise error[0]
 
-    def _stop_thread(self) -> bool:
+    def stop(self) -> bool:
         """Tell the physics thread to end and join it for up to ``stop_timeout_s``, logging an error each
         second it still runs. True once no physics thread runs; one that did not end is kept (not dropped)."""
         self._active = False
@@ -265,9 +173,6 @@ class SimNode(LifecycleNode):
         return True
 
     # inputs ----------------------------------------------------------------------------------------------
-    def _now(self) -> float:
-        return self.get_clock().now().nanoseconds * 1e-9
-
     def _on_command(self, msg) -> None:
         if self.live is None:
             return
@@ -285,8 +190,6 @@ class SimNode(LifecycleNode):
     def _on_reset(self, msg: String) -> None:
         if self.live is None:
             return
-        from edgefm_ros.sim.live import parse_episode
-
         text = msg.data.strip()
         try:
             self.live.request(parse_episode(text, self.live.tasks) if text else None)
@@ -388,15 +291,11 @@ class SimNode(LifecycleNode):
             self.get_logger().error(f"results_path: {e}")
 
     # diagnostics -----------------------------------------------------------------------------------------
-    def _publish_diagnostics(self) -> None:
-        if not self.context.ok():
-            return
-        values: dict[str, object] = {"state": "active" if self._active else "inactive", "realtime": self._realtime}
+    def diagnostics(self) -> tuple[bytes, str, dict]:
+        values: dict[str, object] = {"realtime": self._realtime}
         level, message = diag.OK, "running"
         live = self.live
-        if live is None:
-            level, message = diag.WARN, "unconfigured"
-        else:
+        if live is not None:
             cur = live.current
             values.update({"phase": live.phase, "episodes_started": live.count,
                            "episodes_done": len(live.finished),
@@ -423,12 +322,12 @@ class SimNode(LifecycleNode):
                 message = f"done: {len(live.finished)} episodes"
             elif cur is not None:
                 message = f"episode {cur.index} ({cur.episode.key}) {live.phase}"
-        diag.publish_status(self, self._diag_pub, "simulation", level, message, values)
+        return level, message, values
 
 
 def main(args=None) -> int:
     sys.setswitchinterval(0.001)  # the physics thread gets the GIL back soon after a callback takes it
-    return run_node(SimNode, NODE_NAME, args, stop=SimNode.stop_for_exit)
+    return run_node(SimNode, SimNodeConfig.NODE, args, stop=SimNode.stop_for_exit)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """vla_node: cameras + joint states + instruction in, ActionChunk out, one chunk whenever action_node asks.
 
-Lifecycle: configure loads the model (Engine.from_checkpoint), makes the publishers and the cloud client and
-subscribes, all in one place; ``_release`` undoes all of it, for a failed configure as for cleanup, error
-processing and shutdown (so a configure that failed can simply be tried again); activate warms the engine up
-and starts the worker thread; deactivate stops taking new work.
+Lifecycle (ros/lifecycle.py holds what every node shares): configure loads the model (Engine.from_checkpoint)
+on the model thread, makes the publishers, the cloud client and the subscriptions; release undoes all of it,
+so a configure that failed can simply be tried again; activate warms the engine up and starts the worker
+thread; deactivate stops taking new work.
 Callbacks only validate and cache sensor data; a QueueStatus asking for a chunk puts a request in a
 one-slot buffer that the worker turns into an Observation (or refuses: stale, missing camera, ...). Camera
 frames are not taken by the executor: their subscriptions keep the newest frame of each camera, which the
@@ -26,11 +26,12 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 
-from edgefm_ros.cloud.client.policy import RemotePolicy
+from edgefm_ros.cloud.client.base import read_token
+from edgefm_ros.cloud.client.policy import CloudPolicy, RemotePolicy
 from edgefm_ros.control.delay import DelayEstimator
 from edgefm_ros.control.placement import Computed, Placement, PlacementConfig, Rejected
 from edgefm_ros.control.request import ChunkRequester
@@ -40,17 +41,18 @@ from edgefm_ros.control.stats import RollingStats
 from edgefm_ros.msg import ActionChunk as ActionChunkMsg
 from edgefm_ros.msg import QueueStatus
 from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
+from edgefm_ros.params.vla import VlaNodeConfig
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
-from edgefm_ros.ros.convert import chunk_to_msg, image_msg_to_rgb, msg_to_route, to_sec
+from edgefm_ros.ros.convert import chunk_to_msg, msg_to_frame, msg_to_route, to_sec
 from edgefm_ros.ros.joints import JointOrder
+from edgefm_ros.ros.lifecycle import ManagedNode
+from edgefm_ros.ros.observation import RefusalCounter, Refusal, SensorCache, Snapshot, assemble
 from edgefm_ros.ros.on_demand import OnDemandSubscriptions
-from edgefm_ros.ros.observation import Frame, RefusalCounter, Refusal, SensorCache, Snapshot, assemble
-from edgefm_ros.ros.params import declare
 from edgefm_ros.ros.shadow import Shadow, ShadowConfig
-from edgefm_ros.ros.vla_params import NODE_NAME, PARAMS, VlaNodeConfig, make_config
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.ros.worker import Worker
+from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.types import RouteDecision
 
 
@@ -73,18 +75,6 @@ class LinkSamples:
         self.publisher.publish(Float64MultiArray(data=[]))
 
 
-def make_remote_policy(cfg: VlaNodeConfig, logger, link=None) -> RemotePolicy | None:
-    """The cloud client (a RemotePolicy: CloudPolicy) when a URL is configured, else None.
-
-    The bearer token comes from $EDGEFM_CLOUD_TOKEN (as for ``edgefm-cloud``)."""
-    if not cfg.cloud_url:
-        return None
-    from edgefm_ros.cloud.client.base import read_token
-    from edgefm_ros.cloud.client.policy import CloudPolicy
-
-    return CloudPolicy(cfg.cloud_url, read_token(), link=link, joint_names=cfg.action_names)
-
-
 def make_shadow(cfg: VlaNodeConfig, engine) -> Shadow | None:
     """Shadow mode's sampler and logger when shadow_fraction > 0, else None; the action std of the
     checkpoint is the quality's per-joint scale."""
@@ -96,11 +86,12 @@ def make_shadow(cfg: VlaNodeConfig, engine) -> Shadow | None:
     return Shadow(scfg, std, len(cfg.camera_keys))
 
 
-class VlaNode(LifecycleNode):
+class VlaNode(ManagedNode):
+    CONFIG = VlaNodeConfig
+    STATUS = "inference"
+
     def __init__(self, remote=None, **kwargs):
-        super().__init__(NODE_NAME, **kwargs)
-        self.values = declare(self, PARAMS)
-        self.cfg: VlaNodeConfig | None = None
+        super().__init__(**kwargs)
         self.engine = None
         self.remote: RemotePolicy | None = remote  # optional (tests inject one)
         self._own_remote = False  # made from cloud_url at configure (closed at cleanup)
@@ -119,97 +110,59 @@ class VlaNode(LifecycleNode):
         self._requester = ChunkRequester()
         self._route: tuple[RouteDecision, float] | None = None  # (decision, received at)
         self._seq = 0
-        self._subs: list = []
         self._cameras: OnDemandSubscriptions | None = None  # made at configure
-        self._chunk_pub = None  # made at configure
-        self._link_pub = None  # made at configure when the node makes its own cloud client
-        self._reset_stats()
-        self._diag_pub = self.create_publisher(diag.DiagnosticArray, "/diagnostics", qos.DIAGNOSTICS)
-        self._diag_timer = self.create_timer(self.values["diagnostics_period_s"], self._publish_diagnostics)
-        if self.values["autostart"]:
-            if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
-                self.trigger_activate()
-
-    def _reset_stats(self) -> None:
-        self.refusals = RefusalCounter()
-        self.bad_messages: Counter[str] = Counter()
-        self.last_bad_message = ""
-        self._bad_recent = 0  # malformed messages since the last diagnostics
-        self.routes: Counter[str] = Counter()
-        self.errors = 0
-        self.chunks = 0
+        self.refusals, self.bad_messages, self.routes = RefusalCounter(), Counter(), Counter()
+        self.last_bad_message, self._bad_recent = "", 0  # malformed messages since the last diagnostics
+        self.errors = self.chunks = 0
         self.last_outcome = ""  # "chunk" or "refused"
         self.lat = {k: RollingStats() for k in ("prefill", "decode", "compute", "frame_to_chunk", "cloud_call")}
         self.last_route = "edge (no decision)"
 
     # lifecycle -------------------------------------------------------------------------------------------
-    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+    def configure(self, c: VlaNodeConfig) -> None:
         log = self.get_logger()
-        try:  # everything the node holds while configured is acquired here and released by _release
-            self.cfg = c = make_config(self.values)
-            from edgefm_ros.runtime.engine import Engine
-
-            t0 = time.perf_counter()
-            self._model = ThreadPoolExecutor(1, thread_name_prefix="vla-model")
-            self.engine = self._on_model(
-                Engine.from_checkpoint, _expand(c.checkpoint), _expand(c.vlm_dir), mode=c.mode,
-                tables=[_expand(t) for t in c.tables], threads=c.threads or None,
-                vision_position_ids=c.vision_position_ids, rtc=c.rtc())
-            self._check_spec(c, self.engine.spec)
-            spec = self.engine.spec
-            log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras "
-                     f"{list(spec.camera_keys)}, state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}, "
-                     f"vision position ids {self.engine.vision_position_ids}")
-            self.order = JointOrder(c.state_joint_names)
-            self.cache = SensorCache(c.camera_keys)
-            self.cache.put_task(c.default_task, 0.0)
-            self._image_hw = {k: (s[1], s[2]) for k, s in spec.image_shapes.items()}
-            if self.remote is None and c.cloud_url:
-                self._link_pub = self.create_publisher(Float64MultiArray, c.link_sample_topic, qos.RELIABLE)
-                self.remote = make_remote_policy(c, log, LinkSamples(self._link_pub))
-                self._own_remote = self.remote is not None
-            self._chunk_pub = self.create_lifecycle_publisher(ActionChunkMsg, c.chunk_topic, qos.RELIABLE)
-            self._cameras = OnDemandSubscriptions(self, "cameras")
-            for topic, key, transport in zip(c.camera_topics, c.camera_keys, c.transports):
-                mtype = CompressedImage if transport == "compressed" else Image
-                self._cameras.subscribe(mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR_NEWEST)
-            self._subs += qos.instruction_subscriptions(self, String, c.instruction_topic, self._on_instruction)
-            self._subs += [
-                self.create_subscription(JointState, c.joint_states_topic, self._on_joint_state, qos.SENSOR),
-                self.create_subscription(QueueStatus, c.queue_status_topic, self._on_queue_status, qos.LATEST),
-                self.create_subscription(RouteDecisionMsg, c.route_topic, self._on_route, qos.LATEST),
-            ]
-            self._requester = ChunkRequester(c.merge_timeout_s)
-            try:
-                self._shadow = self._on_model(make_shadow, c, self.engine)
-            except (ValueError, OSError) as e:
-                raise ValueError(f"shadow mode: {e}") from e
-            # real-time chunking: the last chunk sent and the delay estimate (None: off)
-            rtc = ChunkContinuation(DelayEstimator(c.delay(spec.chunk_size), 1.0 / c.action_rate_hz),
-                                    spec.chunk_size) if c.rtc_enabled else None
-            self._placement = Placement(self.engine, PlacementConfig(1.0 / c.action_rate_hz, c.cloud_deadline_s,
-                                                                     self._run_id),
-                                        rtc=rtc, shadow=self._shadow, lat=self.lat, log=self._placement_log)
-        except Exception as e:  # bad parameters, checkpoint, topic or shadow log: unconfigured, holding nothing
-            log.error(f"configure failed: {e}")
-            self._release()
-            return TransitionCallbackReturn.FAILURE
+        t0 = time.perf_counter()
+        self._model = ThreadPoolExecutor(1, thread_name_prefix="vla-model")
+        self.engine = self._on_model(
+            Engine.from_checkpoint, _expand(c.checkpoint), _expand(c.vlm_dir), mode=c.mode,
+            tables=[_expand(t) for t in c.tables], threads=c.threads or None,
+            vision_position_ids=c.vision_position_ids, rtc=c.rtc())
+        spec = self.engine.spec
+        self.cfg = c = c.for_model(spec.camera_keys, spec.state_dim, spec.action_dim)
+        log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras {list(spec.camera_keys)}, "
+                 f"state {spec.state_dim}, actions {spec.chunk_size}x{spec.action_dim}, vision position ids "
+                 f"{self.engine.vision_position_ids}; camera topics {dict(zip(c.camera_keys, c.camera_topics))}")
+        self.order = JointOrder(c.state_joint_names)
+        self.cache = SensorCache(c.camera_keys)
+        self.cache.put_task(c.default_task, 0.0)
+        self._image_hw = {k: (s[1], s[2]) for k, s in spec.image_shapes.items()}
+        if self.remote is None and c.cloud_url:  # the bearer token from $EDGEFM_CLOUD_TOKEN, as for edgefm-cloud
+            link = LinkSamples(self.create_publisher(Float64MultiArray, c.link_sample_topic, qos.RELIABLE))
+            self.remote = CloudPolicy(c.cloud_url, read_token(), link=link, joint_names=c.action_names)
+            self._own_remote = True
+        self._chunk_pub = self.create_lifecycle_publisher(ActionChunkMsg, c.chunk_topic, qos.RELIABLE)
+        self._cameras = OnDemandSubscriptions(self, "cameras")
+        for topic, key, transport in zip(c.camera_topics, c.camera_keys, c.transports):
+            mtype = CompressedImage if transport == "compressed" else Image
+            self._cameras.subscribe(mtype, topic, lambda m, k=key: self._on_image(k, m), qos.SENSOR_NEWEST)
+        qos.instruction_subscriptions(self, String, c.instruction_topic, self._on_instruction)
+        self.create_subscription(JointState, c.joint_states_topic, self._on_joint_state, qos.SENSOR)
+        self.create_subscription(QueueStatus, c.queue_status_topic, self._on_queue_status, qos.LATEST)
+        self.create_subscription(RouteDecisionMsg, c.route_topic, self._on_route, qos.LATEST)
+        self._requester = ChunkRequester(c.merge_timeout_s)
+        try:
+            self._shadow = self._on_model(make_shadow, c, self.engine)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"shadow mode: {e}") from e
         if self._shadow is not None:
             log.info(f"shadow mode: {c.shadow_fraction:g} of routed requests also run on the other placement; "
                      f"log {self._shadow.cfg.log}")
-        return super().on_configure(state)
-
-    @staticmethod
-    def _check_spec(c: VlaNodeConfig, spec) -> None:
-        unknown = [k for k in c.camera_keys if k not in spec.camera_keys]
-        if unknown:
-            raise ValueError(f"camera_keys {unknown} are not cameras of the model {list(spec.camera_keys)}")
-        if len(c.state_joint_names) != spec.state_dim:
-            raise ValueError(f"state_joint_names has {len(c.state_joint_names)} names, the model's state_dim is "
-                             f"{spec.state_dim}")
-        if len(c.action_names) != spec.action_dim:
-            raise ValueError(f"action_joint_names has {len(c.action_names)} names, the model's action_dim is "
-                             f"{spec.action_dim}")
+        # real-time chunking: the last chunk sent and the delay estimate (None: off)
+        rtc = ChunkContinuation(DelayEstimator(c.delay(spec.chunk_size), 1.0 / c.action_rate_hz),
+                                spec.chunk_size) if c.rtc_enabled else None
+        self._placement = Placement(self.engine, PlacementConfig(1.0 / c.action_rate_hz, c.cloud_deadline_s,
+                                                                 self._run_id),
+                                    rtc=rtc, shadow=self._shadow, lat=self.lat, log=self._placement_log)
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         t0 = time.perf_counter()
@@ -222,82 +175,60 @@ class VlaNode(LifecycleNode):
         ret = super().on_activate(state)
         self._slot = LatestSlot()
         self._requester = ChunkRequester(self.cfg.merge_timeout_s)
-        self._worker = Worker("inference", self._slot, lambda item: self._on_model(self._serve, item), poll_s=0.2).start()
+        self._worker = Worker("inference", self._slot, lambda item: self._on_model(self._serve, item),
+                              poll_s=0.2).start()
         self._active = True
         return ret
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_worker()
+        self.stop()
         return super().on_deactivate(state)
 
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return super().on_cleanup(state)
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return super().on_shutdown(state)
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()  # a transition raised: back to unconfigured holding nothing
-        return super().on_error(state)
-
-    def _release(self) -> None:
-        """Undo configure (and activate), whatever part of it was done: the worker stopped, the subscriptions
-        and the chunk publisher destroyed, the cloud client this node made closed before its link publisher
-        goes, the shadow log closed, the model dropped. An injected ``remote`` is the caller's: kept."""
-        self._stop_worker()
-        for s in self._subs:
-            self.destroy_subscription(s)
-        self._subs = []
-        if self._cameras is not None:
-            self._cameras.close()
-            self._cameras = None
-        if self._chunk_pub is not None:
-            self.destroy_lifecycle_publisher(self._chunk_pub)
-            self._chunk_pub = None
-        self._close_remote()
-        if self._link_pub is not None:
-            self.destroy_publisher(self._link_pub)
-            self._link_pub = None
-        self._close_shadow()
-        if self._model is not None:
-            self._model.shutdown(wait=False, cancel_futures=True)  # the worker (joined above) sent it the last call
-            self._model = None
-        self.engine = None
-        self._route = None
-        self._placement = None
-
-    def _on_model(self, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` on the model thread, waited for; its exception re-raised here."""
-        return self._model.submit(fn, *args, **kwargs).result()
-
-    def _stop_worker(self) -> None:
+    def stop(self) -> bool:
+        """The worker stopped (the request in hand ends first, publishing nothing); one that does not end in
+        10 s is reported and left (it holds no transition's resources: the model thread is shut down after)."""
         self._active = False
         if self._worker is not None:
             self._worker.stop(join_timeout_s=10.0)
             if self._worker.is_alive():
                 self.get_logger().error("the inference worker did not stop within 10 s")
             self._worker = None
+        return True
+
+    def release(self) -> None:
+        """The camera subscriptions' node, the cloud client this node made (before its link publisher goes), the
+        shadow log and the model thread closed, the model dropped. An injected ``remote`` is the caller's: kept."""
+        if self._cameras is not None:
+            self._cameras.close()
+            self._cameras = None
+        self._close_remote()
+        self._close_shadow()
+        if self._model is not None:
+            self._model.shutdown(wait=False, cancel_futures=True)  # the worker (joined) sent it the last call
+            self._model = None
+        self.engine = self._route = self._placement = None
+
+    def stop_for_exit(self) -> None:
+        """Before the process exits: the cloud client's connections and threads closed (a call in flight fails
+        at once), the worker stopped (the request in hand publishes nothing), the shadow log closed."""
+        self._active = False  # the request in hand publishes nothing and gets no edge fallback
+        self._close_remote()  # a cloud call in flight fails now, not at its deadline
+        super().stop_for_exit()
+        self._close_shadow()
 
     def _close_remote(self) -> None:
         if self._own_remote and self.remote is not None:
             self.remote.close()
             self.remote, self._own_remote = None, False
 
-    def stop_for_exit(self) -> None:
-        """Before the process exits: the cloud client's connections and threads closed (a call in flight
-        fails at once), the worker stopped (the request in hand ends first, publishing nothing), the shadow
-        log closed."""
-        self._active = False  # the request in hand publishes nothing and gets no edge fallback
-        self._close_remote()  # a cloud call in flight fails now, not at its deadline
-        self._stop_worker()
-        self._close_shadow()
-
     def _close_shadow(self) -> None:
         if self._shadow is not None:
             self._shadow.close()
             self._shadow = None
+
+    def _on_model(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on the model thread, waited for; its exception re-raised here."""
+        return self._model.submit(fn, *args, **kwargs).result()
 
     @property
     def _rtc(self) -> ChunkContinuation | None:
@@ -305,9 +236,6 @@ class VlaNode(LifecycleNode):
         return self._placement.rtc if self._placement is not None else None
 
     # callbacks: validate and cache -----------------------------------------------------------------------
-    def _now(self) -> float:
-        return self.get_clock().now().nanoseconds * 1e-9
-
     def _stamp(self, header) -> float:
         t = to_sec(header.stamp)
         return t if t > 0 else self._now()  # unstamped: time of arrival
@@ -320,12 +248,7 @@ class VlaNode(LifecycleNode):
 
     def _on_image(self, key: str, msg) -> None:
         try:
-            if isinstance(msg, CompressedImage):
-                if len(msg.data) == 0:
-                    raise ValueError(f"compressed image ({msg.format!r}) holds no data")
-                frame = Frame(self._stamp(msg.header), compressed=bytes(msg.data), fmt=msg.format)
-            else:
-                frame = Frame(self._stamp(msg.header), rgb=image_msg_to_rgb(msg))
+            frame = msg_to_frame(msg, self._stamp(msg.header))
         except ValueError as e:
             return self._bad("image", f"camera {key!r}: {e}")
         self.cache.put_frame(key, frame)
@@ -375,12 +298,6 @@ class VlaNode(LifecycleNode):
             with self._req_lock:
                 self._requester.finished(seq, self._now())
 
-    def _choose_target(self, route: tuple[RouteDecision, float] | None, now: float) -> RouteDecision | None:
-        c = self.cfg
-        if not c.use_route or route is None or now - route[1] > c.route_max_age_s:
-            return None
-        return route[0]
-
     def _compute(self, snap: Snapshot, route, queue_empty: bool = False) -> int:
         c, spec = self.cfg, self.engine.spec
         now = self._now()
@@ -388,7 +305,8 @@ class VlaNode(LifecycleNode):
                        max_age_s=c.max_observation_age_s, now=now, resize=c.resize_images)
         if isinstance(obs, Refusal):
             return self._refuse(obs)
-        decision = self._choose_target(route, now)
+        fresh = c.use_route and route is not None and now - route[1] <= c.route_max_age_s
+        decision = route[0] if fresh else None
         self.last_route = "edge (no decision)" if decision is None else \
             f"{decision.target} ({decision.candidate}: {decision.reason})"
         seq = self._seq + 1
@@ -432,17 +350,18 @@ class VlaNode(LifecycleNode):
         return 0
 
     # diagnostics -----------------------------------------------------------------------------------------
-    def _publish_diagnostics(self) -> None:
-        if not self.context.ok():
-            return
-        values: dict[str, object] = {"state": "active" if self._active else "inactive"}
-        if self.engine is None:
-            level, message = diag.WARN, "unconfigured (no model loaded)"
+    def diagnostics(self) -> tuple[bytes, str, dict]:
+        if self.engine is None:  # configured, then released by a failed transition's clean-up
+            return diag.WARN, "no model loaded", {}
+        values = self._diag_values(self._now())
+        if self.last_outcome == "refused":
+            level, message = diag.WARN, f"observation refused: {self.refusals.last}"
+        elif self._bad_recent:
+            level, message = diag.WARN, f"{self._bad_recent} malformed messages ignored; last: {self.last_bad_message}"
         else:
-            values.update(self._diag_values(self._now()))
-            level, message = self._diag_level()
+            level, message = diag.OK, f"{self.chunks} chunks" if self._active else "inactive"
         self._bad_recent = 0
-        diag.publish_status(self, self._diag_pub, "inference", level, message, values)
+        return level, message, values
 
     def _diag_values(self, now: float) -> dict[str, object]:
         v: dict[str, object] = {"model": self.engine.spec.name, "chunks": self.chunks, "errors": self.errors,
@@ -480,16 +399,10 @@ class VlaNode(LifecycleNode):
             v["last_bad_message"] = self.last_bad_message
         return v
 
-    def _diag_level(self) -> tuple[bytes, str]:
-        if self.last_outcome == "refused":
-            return diag.WARN, f"observation refused: {self.refusals.last}"
-        if self._bad_recent:
-            return diag.WARN, f"{self._bad_recent} malformed messages ignored; last: {self.last_bad_message}"
-        return diag.OK, f"{self.chunks} chunks" if self._active else "inactive"
-
 
 def main(args=None) -> int:
-    return run_node(VlaNode, NODE_NAME, args, stop=VlaNode.stop_for_exit)
+    return run_node(VlaNode, VlaNodeConfig.NODE, args, stop=VlaNode.stop_for_exit)
+
 
 if __name__ == "__main__":
     sys.exit(main())

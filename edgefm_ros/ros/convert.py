@@ -1,4 +1,5 @@
-"""ROS messages <-> edgefm_ros.types and numpy: stamps, images, chunks, route decisions (joint states: joints.py)."""
+"""ROS messages <-> edgefm_ros.types and numpy: stamps, images, chunks, route decisions (joint states: joints.py;
+robot commands: commands.py)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,8 @@ from sensor_msgs.msg import CompressedImage, Image
 
 from edgefm_ros.msg import ActionChunk as ActionChunkMsg
 from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
-from edgefm_ros.ros.images import decode_compressed, image_to_rgb, rgb_to_image_fields
+from edgefm_ros.ros.images import decode_compressed, image_to_rgb, rgb_to_image_fields, rgb_view
+from edgefm_ros.ros.observation import Frame
 from edgefm_ros.types import ActionChunk, RouteDecision
 
 
@@ -29,6 +31,16 @@ def image_msg_to_rgb(msg: Image | CompressedImage) -> np.ndarray:
     if isinstance(msg, CompressedImage):
         return decode_compressed(msg.format, msg.data)
     return image_to_rgb(msg.encoding, msg.height, msg.width, msg.step, msg.data)
+
+
+def msg_to_frame(msg: Image | CompressedImage, stamp: float) -> Frame:
+    """A camera frame for the sensor cache: a raw image converted to RGB now, a compressed one kept as its
+    bytes (decoded when used); ValueError when malformed or empty."""
+    if isinstance(msg, CompressedImage):
+        if len(msg.data) == 0:
+            raise ValueError(f"compressed image ({msg.format!r}) holds no data")
+        return Frame(stamp, compressed=bytes(msg.data), fmt=msg.format)
+    return Frame(stamp, rgb=image_msg_to_rgb(msg))
 
 
 def rgb_to_image_msg(rgb: np.ndarray, stamp: float, frame_id: str = "", encoding: str = "rgb8") -> Image:
@@ -68,3 +80,32 @@ def msg_to_route(msg: RouteDecisionMsg) -> RouteDecision:
                          bandwidth_mbps=float(msg.bandwidth_mbps), rtt_s=float(msg.rtt_s),
                          params={"jpeg_quality": int(msg.jpeg_quality), "resolution": int(msg.resolution),
                                  "breaker_open": bool(msg.breaker_open)})
+
+
+def image_view(msg: Image) -> np.ndarray:
+    """uint8 (H, W, 3) RGB or (H, W) grey: a view of msg.data (no copy); ValueError when malformed."""
+    return rgb_view(msg.encoding, int(msg.height), int(msg.width), int(msg.step), msg.data)
+
+
+def compressed_view(msg: CompressedImage) -> memoryview:
+    """The compressed bytes as a view of msg.data; ValueError when empty."""
+    data = memoryview(msg.data).cast("B")
+    if len(data) < 4:
+        raise ValueError(f"compressed image ({msg.format!r}) holds only {len(data)} bytes")
+    return data
+
+
+def route_to_msg(d: RouteDecision, stamp) -> RouteDecisionMsg:
+    """A router decision with its evidence (features, every candidate's prediction, the link) as a message."""
+    m = RouteDecisionMsg(target=d.target, candidate=d.candidate, reason=d.reason,
+                         feature_names=list(d.feature_names), features=[float(x) for x in d.features],
+                         candidates=[p.name for p in d.predictions],
+                         predicted_quality=[float(p.quality) for p in d.predictions],
+                         predicted_latency=[float(p.latency_s) for p in d.predictions],
+                         predicted_energy=[float(p.energy_j) for p in d.predictions],
+                         guard_active=bool(d.guard_open), breaker_open=bool(d.params.get("breaker_open", False)),
+                         bandwidth_mbps=float(d.bandwidth_mbps), rtt_s=float(d.rtt_s),
+                         jpeg_quality=int(d.params.get("jpeg_quality", 0)),
+                         resolution=int(d.params.get("resolution", 0)))
+    m.header.stamp = stamp
+    return m

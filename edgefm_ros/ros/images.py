@@ -12,8 +12,8 @@ CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8UC1": 1,
 MAX_PIXELS = 1 << 25  # 33.5 Mpx (8K UHD fits): a compressed frame declaring more is refused before decoding
 
 
-def image_to_rgb(encoding: str, height: int, width: int, step: int, data) -> np.ndarray:
-    """sensor_msgs/Image fields -> uint8 (H, W, 3) RGB (a copy; ``data`` may be any buffer)."""
+def pixel_view(encoding: str, height: int, width: int, step: int, data) -> np.ndarray:
+    """sensor_msgs/Image fields -> uint8 (H, W, channels) view of ``data`` (no copy, rows' padding dropped)."""
     ch = CHANNELS.get(encoding)
     if ch is None:
         raise ValueError(f"unsupported image encoding {encoding!r}; supported: {sorted(CHANNELS)}")
@@ -24,16 +24,27 @@ def image_to_rgb(encoding: str, height: int, width: int, step: int, data) -> np.
     buf = np.frombuffer(data, dtype=np.uint8)
     if buf.size != step * height:
         raise ValueError(f"image data holds {buf.size} bytes, expected step*height = {step * height}")
-    px = buf.reshape(height, step)[:, : width * ch].reshape(height, width, ch)  # (H, W, ch) view
-    if encoding in ("rgb8",):
-        return px.copy()
+    return buf.reshape(height, step)[:, : width * ch].reshape(height, width, ch)
+
+
+def rgb_view(encoding: str, height: int, width: int, step: int, data) -> np.ndarray:
+    """uint8 (H, W, 3) RGB or (H, W) grey as a view of ``data`` (no copy): what the router's features read."""
+    px = pixel_view(encoding, height, width, step, data)
+    if px.shape[2] == 1:
+        return px[..., 0]
     if encoding in ("bgr8", "8UC3"):
-        return np.ascontiguousarray(px[..., ::-1])
-    if encoding == "rgba8":
-        return np.ascontiguousarray(px[..., :3])
+        return px[..., ::-1]
     if encoding == "bgra8":
-        return np.ascontiguousarray(px[..., 2::-1])
-    return np.repeat(px, 3, axis=2)  # mono
+        return px[..., 2::-1]
+    return px[..., :3]
+
+
+def image_to_rgb(encoding: str, height: int, width: int, step: int, data) -> np.ndarray:
+    """sensor_msgs/Image fields -> uint8 (H, W, 3) RGB (a copy; ``data`` may be any buffer)."""
+    view = rgb_view(encoding, height, width, step, data)
+    if view.ndim == 2:  # mono
+        return np.repeat(view[..., None], 3, axis=2)
+    return view.copy()  # C order: owns its pixels (the message's buffer is not kept)
 
 
 def rgb_to_image_fields(rgb: np.ndarray, encoding: str = "rgb8") -> tuple[int, int, int, bytes]:

@@ -45,6 +45,16 @@ class FifoScope:
         self.previous, self.applied = before, Scheduling(tid, os.SCHED_FIFO, priority)
         return before
 
+    def apply_or_warn(self, priority: int, log, what: str) -> bool:
+        """``apply`` for a node's thread; where SCHED_FIFO is not permitted, a warning on ``log`` naming
+        ``what`` (the control thread, the executor thread ...) and False: the thread keeps normal scheduling."""
+        try:
+            self.apply(priority)
+            return True
+        except OSError as e:
+            log.warning(f"realtime priority {priority} not applied to the {what}: {e}")
+            return False
+
     def restore(self) -> Scheduling | None:
         """Put back the scheduling ``apply`` replaced; returns it (None when nothing was applied). A thread
         that has ended needs nothing; any other OSError is raised and the record kept (to retry)."""

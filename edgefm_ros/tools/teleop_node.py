@@ -17,18 +17,17 @@ import json
 import math
 import sys
 
-from builtin_interfaces.msg import Duration
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Float64MultiArray, String
-from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+from std_msgs.msg import String
 
+from edgefm_ros.params.action import COMMAND_TYPES
+from edgefm_ros.params.sim import JOINTS
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
-from edgefm_ros.ros.action_params import COMMAND_TYPES
+from edgefm_ros.ros.commands import COMMAND_MSG, command_msg
 from edgefm_ros.ros.convert import to_sec, to_stamp
 from edgefm_ros.ros.params import ParamSpec, declare
-from edgefm_ros.ros.sim_params import JOINTS
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.sim.expert import EXPERT_SPEED
 from edgefm_ros.sim.teleop import TeleopConfig, TeleopOperator, ground_truth_vector
@@ -62,24 +61,6 @@ PARAMS = (
               "waits).", range=(0.01, 5.0)),
     ParamSpec("diagnostics_period_s", "float", 1.0, "Period of /diagnostics.", range=(0.05, 60.0)),
 )
-COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
-               "joint_state": JointState}
-
-
-def command_message(kind: str, names, positions, stamp, period: float):
-    """One command of ``kind`` as action_node publishes it (positions in ``names`` order)."""
-    pos = [float(x) for x in positions]
-    if kind == "float64_multi_array":
-        return Float64MultiArray(data=pos)
-    if kind == "joint_state":
-        m = JointState(name=list(names), position=pos)
-        m.header.stamp = stamp
-        return m
-    ns = int(period * 1e9)
-    m = JointTrajectory(joint_names=list(names), points=[JointTrajectoryPoint(
-        positions=pos, time_from_start=Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000))])
-    m.header.stamp = stamp
-    return m
 
 
 class TeleopNode(Node):
@@ -164,7 +145,7 @@ class TeleopNode(Node):
                 return  # the first command at the next tick, from the scene as it is then
         cmd = self.op.command(vec, now)
         v = self.values
-        self._cmd_pub.publish(command_message(v["command_type"], v["joint_names"], cmd, to_stamp(stamp), self.period))
+        self._cmd_pub.publish(command_msg(v["command_type"], v["joint_names"], cmd, to_stamp(stamp), self.period))
         self.sent += 1
 
     def _publish_diagnostics(self) -> None:

@@ -87,7 +87,9 @@ def test_shadow_samples_its_fraction_and_rejects_bad_config(tmp_path):
 
 
 def test_vla_params_shadow_needs_cloud_and_log():
-    from edgefm_ros.ros.vla_params import make_config
+    from edgefm_ros.params.vla import VlaNodeConfig
+
+    make_config = VlaNodeConfig.from_values
 
     base = dict(checkpoint="/m", camera_topics=["/c"], camera_keys=["k"], state_joint_names=["j"])
     with pytest.raises(ValueError, match="cloud_url"):

@@ -86,7 +86,7 @@ def test_rosbags_type_hashes_match_rosidl(ros, install_root):
 
 @pytest.mark.parametrize("kind", ["joint_trajectory", "float64_multi_array", "joint_state"])
 def test_command_messages_carry_the_positions_in_joint_order(ros, kind):
-    from edgefm_ros.nodes.action_node import COMMAND_MSG, command_msg
+    from edgefm_ros.ros.commands import COMMAND_MSG, command_fields, command_msg
     from edgefm_ros.ros.convert import to_sec, to_stamp
 
     names = tuple(f"j{i}" for i in range(int(RNG.integers(1, 8))))
@@ -104,6 +104,19 @@ def test_command_messages_carry_the_positions_in_joint_order(ros, kind):
         np.testing.assert_allclose(m.points[0].positions, pos)
         d = m.points[0].time_from_start
         assert d.sec + d.nanosec * 1e-9 == pytest.approx(period, abs=1e-9)
+    # what a robot (sim_node) reads back from it
+    got_names, got_pos, stamp = command_fields(m)
+    np.testing.assert_allclose(got_pos, pos)
+    assert tuple(got_names) == (() if kind == "float64_multi_array" else names)
+
+
+def test_command_types_are_the_parameter_choices(ros):
+    from edgefm_ros.params.action import COMMAND_TYPES, ActionNodeConfig
+    from edgefm_ros.params.sim import SimNodeConfig
+    from edgefm_ros.ros.commands import COMMAND_MSG
+
+    assert tuple(COMMAND_MSG) == COMMAND_TYPES
+    assert ActionNodeConfig.spec("command_type").choices == SimNodeConfig.spec("command_type").choices == COMMAND_TYPES
 
 
 def test_diagnostic_status_formats_values(ros):

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgefm_ros.ros import action_params, sim_params, vla_params
-from edgefm_ros.ros.params import unknown_in_params_file, validate
+from edgefm_ros.params.action import ActionNodeConfig
+from edgefm_ros.params.sim import JOINTS, SimNodeConfig
+from edgefm_ros.params.spec import unknown_in_params_file, validate
+from edgefm_ros.params.vla import VlaNodeConfig
 
 REPO = Path(__file__).resolve().parents[2]
-SPECS = {"sim_node": sim_params.PARAMS, "vla_node": vla_params.PARAMS, "action_node": action_params.PARAMS}
+SPECS = {"sim_node": SimNodeConfig.PARAMS, "vla_node": VlaNodeConfig.PARAMS, "action_node": ActionNodeConfig.PARAMS}
 
 
 def _doc():
@@ -24,11 +26,11 @@ def test_sim_config_holds_only_declared_valid_parameters():
     for node, specs in SPECS.items():
         assert unknown_in_params_file(doc, node, specs) == [], node
         validate(specs, doc[node]["ros__parameters"])
-    sim_params.make_config(doc["sim_node"]["ros__parameters"])
-    action_params.make_config(doc["action_node"]["ros__parameters"])
+    SimNodeConfig.from_values(doc["sim_node"]["ros__parameters"])
+    ActionNodeConfig.from_values(doc["action_node"]["ros__parameters"])
     vla = dict(doc["vla_node"]["ros__parameters"], checkpoint="/x")  # the launch argument / the tool sets it
-    vla_params.make_config(vla)
-    assert {s.name for s in sim_params.PARAMS} == set(doc["sim_node"]["ros__parameters"])  # every one listed
+    VlaNodeConfig.from_values(vla)
+    assert {s.name for s in SimNodeConfig.PARAMS} == set(doc["sim_node"]["ros__parameters"])  # every one listed
 
 
 def test_sim_config_wires_the_loop():
@@ -41,7 +43,7 @@ def test_sim_config_wires_the_loop():
     assert v["camera_topics"] == s["camera_topics"]
     assert v["camera_keys"] == [f"observation.images.{c}" for c in s["camera_names"]]
     assert v["joint_states_topic"] == s["joint_states_topic"] and v["instruction_topic"] == s["instruction_topic"]
-    assert s["joint_names"] == v["state_joint_names"] == a["joint_names"] == list(sim_params.JOINTS)
+    assert s["joint_names"] == v["state_joint_names"] == a["joint_names"] == list(JOINTS)
     assert a["command_topic"] == s["command_topic"] and a["command_type"] == s["command_type"]
     assert a["episode_start_topic"] == s["episode_start_topic"]
     assert a["control_rate_hz"] == v["action_rate_hz"] == SimConfig().control_hz
@@ -60,11 +62,11 @@ def test_sim_launch_starts_the_loop_with_a_checkpoint_argument():
 
 def test_bad_sim_parameters_are_named():
     with pytest.raises(ValueError, match="camera_names"):
-        sim_params.make_config({"camera_names": ["scene"]})
+        SimNodeConfig.from_values({"camera_names": ["scene"]})
     with pytest.raises(ValueError, match="joint_names"):
-        sim_params.make_config({"joint_names": ["a", "b", "c"]})
+        SimNodeConfig.from_values({"joint_names": ["a", "b", "c"]})
     with pytest.raises(ValueError, match="'command_type'"):
-        sim_params.make_config({"command_type": "twist"})
+        SimNodeConfig.from_values({"command_type": "twist"})
 
 
 def test_rcl_parses_the_sim_params_file(ros):

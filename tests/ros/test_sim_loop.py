@@ -102,7 +102,7 @@ def _good_command(kind, target):
 def test_bad_commands_never_move_the_arm(sim, kind, tmp_path, ros_domain_id):
     """NaN, wrong length, unknown joint names: the arm holds, diagnostics count and name the refusal; then a
     good command (names in another order) moves it to its target."""
-    from edgefm_ros.nodes.sim_node import COMMAND_MSG
+    from edgefm_ros.ros.commands import COMMAND_MSG
     from edgefm_ros.ros import qos
     from edgefm_ros.tools.bag.session import ReplaySession
 

@@ -82,12 +82,15 @@ def test_the_device_commands_like_action_node(ros):
     """The same topic, type and message for one action as action_node publishes (all three command types)."""
     from builtin_interfaces.msg import Time
 
-    from edgefm_ros.nodes.action_node import command_msg
-    from edgefm_ros.tools.teleop_node import command_message
+    from edgefm_ros.nodes import action_node
+    from edgefm_ros.ros.commands import command_fields
+    from edgefm_ros.tools import teleop_node
 
+    assert teleop_node.command_msg is action_node.command_msg and teleop_node.COMMAND_MSG is action_node.COMMAND_MSG
     names, pos, stamp = ("ee_x", "ee_y", "ee_z", "gripper"), [0.1, 0.6, 0.2, -1.0], Time(sec=5, nanosec=7)
     for kind in ("joint_trajectory", "float64_multi_array", "joint_state"):
-        assert command_message(kind, names, pos, stamp, 0.05) == command_msg(kind, names, pos, stamp, 0.05)
+        got = command_fields(teleop_node.command_msg(kind, names, pos, stamp, 0.05))
+        assert got[1] == pos and got[0] in ([], list(names))
     p = teach_params(TeachConfig(tasks=("reach",), seeds=(0,), bag="unused"))
     s, o = p["sim_node"], p[OPERATOR]
     assert (o["command_topic"], o["command_type"], o["joint_names"]) == \

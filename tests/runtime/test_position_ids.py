@@ -140,7 +140,9 @@ def test_generated_checkpoints_record_their_convention(tmp_path):
 def test_node_and_cloud_settings_take_the_choice():
     from edgefm_ros.cloud.server.settings import ServeConfig, model_settings
     from edgefm_ros.cloud.tasks.vla import VlaRuntimeConfig as RuntimeConfig
-    from edgefm_ros.ros.vla_params import make_config
+    from edgefm_ros.params.vla import VlaNodeConfig
+
+    make_config = VlaNodeConfig.from_values
 
     base = dict(checkpoint="/m", camera_topics=["/c"], camera_keys=["observation.images.c"],
                 state_joint_names=["j"])
