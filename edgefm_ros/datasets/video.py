@@ -15,6 +15,7 @@ import av
 import numpy as np
 
 CODECS = {"libsvtav1": "av1", "h264": "h264", "libx264": "h264", "hevc": "hevc", "libx265": "hevc"}
+X26X_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class VideoConfig:
     pix_fmt: str = "yuv420p"
     gop: int = 2
     crf: int = 30
-    preset: int = 12  # libsvtav1 only
+    preset: str = ""  # "": LeRobot's (libsvtav1 12; x264/x265 their default, medium); x264/x265: ultrafast..veryslow
     threads: int = 0  # 0: the codec decides
 
     def __post_init__(self) -> None:
@@ -35,6 +36,13 @@ class VideoConfig:
             raise ValueError(f"gop must be in 1..600, got {self.gop}")
         if not 0 <= self.crf <= 63:
             raise ValueError(f"crf must be in 0..63, got {self.crf}")
+        object.__setattr__(self, "preset", str(self.preset).strip())
+        if self.preset:
+            ok = self.preset.isdigit() and 0 <= int(self.preset) <= 13 if self.encoder == "libsvtav1" \
+                else self.preset in X26X_PRESETS
+            if not ok:
+                raise ValueError(f"preset {self.preset!r} is not one of {self.encoder}'s "
+                                 f"({'0..13' if self.encoder == 'libsvtav1' else ', '.join(X26X_PRESETS)})")
 
     @property
     def encoder(self) -> str:
@@ -43,11 +51,14 @@ class VideoConfig:
     def options(self) -> dict[str, str]:
         o = {"g": str(self.gop), "crf": str(self.crf)}
         if self.encoder == "libsvtav1":
-            o["preset"] = str(self.preset)
+            o["preset"] = self.preset or "12"
             if self.threads:
                 o["svtav1-params"] = f"lp={self.threads}"
-        elif self.threads:
-            o["threads"] = str(self.threads)
+        else:
+            if self.preset:
+                o["preset"] = self.preset
+            if self.threads:
+                o["threads"] = str(self.threads)
         return o
 
 

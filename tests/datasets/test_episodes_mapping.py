@@ -142,6 +142,12 @@ def test_mapping_validation():
     assert parse_camera_arg("wrist=/w/img").key == "observation.images.wrist"
     with pytest.raises(ValueError, match="fps must be a positive whole number"):
         ConvertConfig(fps=12.5)
+    from edgefm_ros.datasets.video import VideoConfig
+
+    assert VideoConfig().options() == {"g": "2", "crf": "30", "preset": "12"}  # LeRobot 0.4.4's defaults
+    assert VideoConfig("h264", preset="ultrafast").options() == {"g": "2", "crf": "30", "preset": "ultrafast"}
+    with pytest.raises(ValueError, match="preset 'fast' is not one of libsvtav1's"):
+        VideoConfig(preset="fast")
     m = DatasetMapping()
     assert mapping_from_dict(m.as_dict()) == m
 
