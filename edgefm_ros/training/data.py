@@ -14,13 +14,10 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-from edgefm_ros.datasets.reader import camera_features, read_lerobot_dataset
 from edgefm_ros.runtime.preprocess import ModelInputs, Preprocessor
-from edgefm_ros.sim.dataset import EPISODES_PATH, read_dataset
 
 
 class Demos(Protocol):
@@ -118,6 +115,13 @@ def read_demos(root) -> Demos:
     """A LeRobot v3.0 dataset for training: one with MP4 video cameras, or without this package's per-episode
     columns (success, task_name, seed), through edgefm_ros.datasets.reader (PyAV); the simulator's own image
     datasets through edgefm_ros.sim.dataset.read_dataset, as before."""
+    # the dataset readers need PyAV, OpenCV, pandas and pyarrow (pinned in requirements.txt): imported only
+    # when a dataset is read, so that the batcher and the trainer import without them
+    import pyarrow.parquet as pq
+
+    from edgefm_ros.datasets.reader import camera_features, read_lerobot_dataset
+    from edgefm_ros.sim.dataset import EPISODES_PATH, read_dataset
+
     root = Path(root)
     info_path = root / "meta" / "info.json"
     if not info_path.is_file():
