@@ -305,6 +305,9 @@ def run_teach(cfg: TeachConfig, workdir: str | Path | None = None,
             raise RuntimeError(f"the bag holds {len(summary['episodes'])} episodes, expected {len(want)} "
                                f"(missing {sorted(want - got)[:5]}); logs in {work}")
         ok = True
+    except RuntimeError as e:
+        kept = f"; {cfg.bag} holds what was recorded" if Path(cfg.bag, "metadata.yaml").is_file() else ""
+        raise RuntimeError(f"{e}{kept}") from e
     finally:
         if own and ok:
             shutil.rmtree(work, ignore_errors=True)
@@ -353,4 +356,7 @@ def cmd_teach(args) -> int:
     except RuntimeError as e:
         print(f"edgefm-sim teach: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the processes are stopped, the recorder first: its bag is complete
+        print(f"edgefm-sim teach: interrupted; {cfg.bag} holds the episodes recorded so far", file=sys.stderr)
+        return 130
     return 0
