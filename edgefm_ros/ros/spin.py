@@ -2,6 +2,7 @@
 executor that serves a process's other work from a thread."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -92,10 +93,17 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
     request = ShutdownRequest(rclpy.logging.get_logger(name))
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     context = rclpy.get_default_context()
+    node, invalid = None, None
     try:
         node = make()
     except (ValueError, ParameterException) as e:
-        rclpy.logging.get_logger(name).fatal(f"invalid parameters: {e}")
+        invalid = str(e)
+    if invalid is not None:
+        rclpy.logging.get_logger(name).fatal(f"invalid parameters: {invalid}")
+        # the exception's traceback held the half-built node; collected now (outside the except block), with
+        # the rcl node its lifecycle state machine holds, or the context cannot finalize and the participant's
+        # shared-memory segments outlive the process
+        gc.collect()
         rclpy.try_shutdown()
         context.destroy()
         request.ignore_further()

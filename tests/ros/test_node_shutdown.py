@@ -253,3 +253,17 @@ def test_sigkilled_node_leaves_segments_that_clean_removes(ros, tiny_model, tmp_
         if proc.poll() is None:
             proc.kill()
         driver.close()
+
+
+@pytest.mark.parametrize("name,bad", [("action_node", "control_rate_hz:=-5.0"), ("vla_node", "cloud_deadline_s:=-1.0")])
+def test_node_refusing_its_parameters_leaves_no_shared_memory(ros, tmp_path, ros_domain_id, name, bad):
+    """A node that exits 2 on an invalid parameter (refused while it was being built) still deletes its DDS
+    participant: no Fast DDS file appears that no process uses."""
+    from edgefm_ros.tools.bag.session import node_command
+
+    before = {p.name for p in shm.SHM_DIR.iterdir()}
+    r = subprocess.run(node_command(name) + ["--ros-args", "-p", bad], capture_output=True, text=True, timeout=60,
+                       env={**__import__("os").environ, "ROS_DOMAIN_ID": str(ros_domain_id)})
+    assert r.returncode == 2 and "invalid parameters" in r.stdout + r.stderr, r.stdout + r.stderr
+    left = [n for n in shm.stale() if n not in before]
+    assert not left, f"{name} refusing {bad} left {left}"
