@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fps", type=int, default=30, help="dataset frame rate (default 30: every camera frame)")
     p.add_argument("--vcodec", default="libsvtav1")
     p.add_argument("--preset", default="", help="encoder preset (default: LeRobot's)")
+    p.add_argument("--gop", type=int, default=2, help="keyframe interval (default 2, LeRobot's)")
     p.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
     p.add_argument("--workdir", default=None, help="where the bag and dataset go (default: a temporary dir)")
     p.add_argument("--keep", action="store_true", help="keep the bag and the dataset")
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bag: {a.minutes:g} min, {n_ep} episodes, 2 cameras {a.width}x{a.height} {a.transport} at 30 Hz, "
           f"{size / 2**20:.0f} MiB ({a.storage}); made in {make_s:.0f}s", flush=True)
     mapping = DatasetMapping(cameras=tuple(CameraSource(c, camera_topic(c, a.transport)) for c in ("scene", "wrist")))
-    cfg = ConvertConfig(fps=a.fps, video=VideoConfig(vcodec=a.vcodec, preset=a.preset))
+    cfg = ConvertConfig(fps=a.fps, video=VideoConfig(vcodec=a.vcodec, preset=a.preset, gop=a.gop))
     t0, c0 = time.perf_counter(), _cpu_s()
     report = convert_bags([bag], out, mapping, cfg, ProgressPrinter(sys.stderr, every_s=10.0))
     conv_s, cpu_s = time.perf_counter() - t0, _cpu_s() - c0
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
               "idle_estimate_s": round(cpu_s / (os.cpu_count() or 1), 1), "target_s": TARGET_S, "ratio_to_target": round(conv_s / TARGET_S, 3),
               "camera_frames": frames, "frames_per_s": round(frames / conv_s, 1), "episodes": report.episodes,
               "dataset_fps": a.fps, "minutes": a.minutes, "image": f"{a.width}x{a.height}", "transport": a.transport,
-              "vcodec": a.vcodec, "preset": a.preset or "default", "storage": a.storage, "bag_mib": round(size / 2**20, 1),
+              "vcodec": a.vcodec, "preset": a.preset or "default", "gop": a.gop, "storage": a.storage, "bag_mib": round(size / 2**20, 1),
               "dataset_mib": round(sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20, 1),
               "cpu": _cpu(), "cores": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2),
               "date": time.strftime("%Y-%m-%d")}

@@ -72,6 +72,8 @@ def _to_dataset_parser(sub) -> None:
     d.add_argument("--skip-short", action="store_true", help="leave out shorter episodes instead of failing")
     d.add_argument("--vcodec", default="libsvtav1", help="libsvtav1 (LeRobot's default) | h264 | hevc")
     d.add_argument("--crf", type=int, default=30)
+    d.add_argument("--gop", type=int, default=2, help="a keyframe every N frames (default 2, LeRobot's: "
+                   "quick random access)")
     d.add_argument("--preset", default="", help="encoder speed: libsvtav1 0..13 (default 12), "
                    "h264/hevc ultrafast..veryslow (default medium)")
 
@@ -185,7 +187,7 @@ def _to_dataset(a) -> int:
         kw["cameras"] = tuple(parse_camera_arg(c) for c in a.camera)
     m = dataclasses.replace(m, **kw)
     cfg = ConvertConfig(fps=a.fps or m.fps or 20, chunk_size=a.chunk_size, images=a.images,
-                        video=VideoConfig(vcodec=a.vcodec, crf=a.crf, preset=a.preset), skip_short=a.skip_short)
+                        video=VideoConfig(vcodec=a.vcodec, crf=a.crf, preset=a.preset, gop=a.gop), skip_short=a.skip_short)
     # SIGTERM ends the conversion like Ctrl-C: the partial output is removed on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.perf_counter()
