@@ -172,3 +172,25 @@ def test_cli_converts_and_reports(tmp_path, capsys):
     assert probe_video(tmp_path / "out/videos/observation.images.scene/chunk-000/file-000.mp4")["codec"] == "h264"
     rc = bag_main(["to-dataset", str(bag), "--out", str(tmp_path / "out")])
     assert rc == 2 and "already exists" in capsys.readouterr().err
+
+
+def test_a_few_training_steps_on_a_converted_video_dataset_load_in_the_engine(converted, tmp_path):
+    """edgefm-vla train's path: read_demos -> train (tiny, from scratch) -> a checkpoint the Engine runs."""
+    from edgefm_ros.runtime.engine import Engine
+    from edgefm_ros.training.data import read_demos
+    from edgefm_ros.training.recipe import TrainConfig
+    from edgefm_ros.training.trainer import train
+
+    d, _, _ = converted
+    demos = read_demos(d / "ds")
+    r = train(demos, tmp_path / "ck", TrainConfig(steps=2, batch_size=2, log_every=1, save_every=0, threads=1),
+              arch="tiny", log=lambda s: None)
+    assert r.steps == 2 and np.isfinite(r.final_loss)
+    eng = Engine.from_checkpoint(r.out)
+    assert sorted(eng.model_config.camera_keys) == ["observation.images.scene", "observation.images.wrist"]
+    from edgefm_ros.types import Observation
+
+    obs = Observation({f"observation.images.{c}": demos.images[c][5] for c in ("scene", "wrist")}, demos.state[5],
+                      demos.tasks[0])
+    chunk = eng.predict(obs)
+    assert chunk.actions.shape == (eng.model_config.chunk_size, 4) and np.isfinite(chunk.actions).all()
