@@ -5,7 +5,7 @@
 - When a process of the launch dies abnormally (a supervisor's SIGKILL, a crash): the same clean-up, so a node
   that launch respawns does not add another dead participant's segments on every restart.
 - At exit of ``ros2 launch`` itself: launch_ros's own ROS context (its node subscribes to the lifecycle nodes'
-  transition events) is finalized. launch_ros shuts that context down but never destroys it, and
+  transition events) is finalized, and the clean-up runs once more. launch_ros shuts that context down but never destroys it, and
   the DDS participant it holds, with its two shared-memory segments, outlived every launch.
 
     LaunchDescription([*housekeeping_actions(), ...])
@@ -50,7 +50,7 @@ def _at_start(context):
         return []
     _done.add("start")
     _clean("start")
-    atexit.register(_finalize_launch_ros, context)
+    atexit.register(_at_exit, context)
     _remove_own_files_on_sigterm()
     return []
 
@@ -89,6 +89,13 @@ def _after_exit(event, context):
         _done.add(event.pid)
         _clean(f"{event.action.process_details['name']} exited with {event.returncode}")
     return []
+
+
+def _at_exit(context) -> None:
+    """After every process of the launch has ended: launch_ros's context finalized, then one more clean-up
+    (a killed node's listening ports stay mapped by its peers until they go; only now nobody uses them)."""
+    _finalize_launch_ros(context)
+    _clean("exit")
 
 
 def _finalize_launch_ros(context) -> None:
