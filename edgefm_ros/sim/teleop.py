@@ -44,7 +44,8 @@ def ground_truth_vector(names, values) -> np.ndarray:
     if v.shape != (len(GROUND_TRUTH_NAMES),):
         raise ValueError(f"ground truth holds {v.size} values for {len(names)} names")
     if not np.all(np.isfinite(v)):
-        raise ValueError(f"ground truth holds non-finite values at {[n for n, x in zip(names, v) if not math.isfinite(x)]}")
+        bad = [n for n, x in zip(names, v) if not math.isfinite(x)]
+        raise ValueError(f"ground truth holds non-finite values at {bad}")
     return v
 
 

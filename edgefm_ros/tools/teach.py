@@ -231,8 +231,8 @@ class _Graph:
                                  "--storage", self.cfg.storage, "--topics", *RECORD_TOPICS])
         t0 = time.monotonic()
         self._wait("sim_node active", lambda: self.sim_state == "active", self.cfg.ready_timeout_s)
-        self._wait("the operator listening", lambda: self._subscribed(OPERATOR, [EVENTS_TOPIC, "/" + GROUND_TRUTH_TOPIC]),
-                   60.0)
+        self._wait("the operator listening",
+                   lambda: self._subscribed(OPERATOR, [EVENTS_TOPIC, "/" + GROUND_TRUTH_TOPIC]), 60.0)
         self._wait("the recorder subscribed to every topic", lambda: self._subscribed(RECORDER, RECORD_TOPICS), 60.0)
         self._wait("sim_node listening for the start", lambda: self.reset_pub.get_subscription_count() > 0, 30.0)
         if self.progress:
