@@ -6,7 +6,8 @@
 ``ros2 launch edgefm_ros sim.launch.py`` starts sim_node, vla_node and action_node (the committed checkpoint),
 and sim_node runs episodes back to back (the checkpoint's tasks over the evaluation seeds, repeated) until
 the time is up. Every window this script samples each node's RSS, open file descriptors and threads
-(/proc), the Fast DDS files in /dev/shm, the control rate and its p99 |period error| (the commands' stamps),
+(/proc), the Fast DDS files the graph's processes map in /dev/shm and how many of the files they ever mapped
+no live process uses any more (both unaffected by other DDS programs on the machine), the control rate and its p99 |period error| (the commands' stamps),
 observation-to-chunk latency (each chunk's measured inference time) and task success (sim_node's episode
 events). At the end it prints the table, the growth per hour of each figure after the warm-up, the verdict
 of each rule (edgefm_ros/housekeeping/soak.py SoakRules), and writes soak.json, soak.md and soak.svg.
@@ -98,8 +99,8 @@ def episodes(tasks: list[str], minutes: float) -> list[str]:
 def fmt_row(r: dict) -> str:
     nodes = "  ".join(f"{n.split('_')[0]} {r['nodes'][n]['rss_mb']:6.1f}MB {r['nodes'][n]['fds']:3.0f}fd "
                       f"{r['nodes'][n]['threads']:3.0f}th" for n in NODES if n in r["nodes"])
-    return (f"{r['t_min']:6.1f}  {nodes}  shm {r['shm_files']:3d} {r['shm_mb']:6.1f}MB  "
-            f"{r['rate_hz']:6.2f}Hz p99 {r['period_error_p99_ms']:5.2f}ms  lat p50 {r['latency_p50_ms']:6.1f}ms  "
+    return (f"{r['t_min']:6.1f}  {nodes}  shm {r['shm_files']:3d} (machine {r['shm_machine_files']:3d})  "
+            f"stale {r['shm_stale_new']}  {r['rate_hz']:6.2f}Hz p99 {r['period_error_p99_ms']:5.2f}ms  lat p50 {r['latency_p50_ms']:6.1f}ms  "
             f"success {r['episodes_success']}/{r['episodes_done']}")
 
 
@@ -128,6 +129,7 @@ def main(argv=None) -> int:
     print(f"soak: {a.minutes:g} min, windows of {a.window_s:g} s, tasks {tasks}, checkpoint {ckpt}, "
           f"ROS_DOMAIN_ID {domain}, logs {workdir}", flush=True)
     rows, errors_ms, pids_seen = [], [], set()
+    graph_files: set[str] = set()  # every Fast DDS file the graph's processes mapped: a stale one is theirs
     with LoopGraph(workdir, params, domain, progress=None, mode="launch") as g:
         mon = Monitor(g.session.node, params["action_node"]["command_type"])
         g.start()
@@ -153,9 +155,12 @@ def main(argv=None) -> int:
             if t_min >= a.warmup_min:
                 errors_ms.extend(err.tolist())
             done = [e for e in events if e.get("event") in ("success", "timeout")]
-            use = shm.usage()
+            mine = shm.mapped_by(pids.values())
+            graph_files |= mine
             row = {"t_min": round(t_min, 3), "nodes": {n: proc_sample(pid) for n, pid in pids.items()},
-                   "shm_files": use.files, "shm_mb": round(use.mb, 3),
+                   "shm_files": len(mine), "shm_mb": round(shm.size_mb(mine), 3),
+                   "shm_stale_new": len(set(shm.stale()) & graph_files),
+                   "shm_machine_files": shm.usage().files,
                    "rate_hz": float(1.0 / d.mean()) if d.size else math.nan,
                    "period_error_p99_ms": float(np.percentile(err, 99)) if err.size else math.nan,
                    "missed": int(np.sum(np.maximum(np.round(d / period) - 1, 0))) if d.size else 0,
@@ -179,12 +184,12 @@ def main(argv=None) -> int:
     verdict["after the stop"] = (not left and not stale,
                                  f"{len(left)} processes left, {len(stale)} stale Fast DDS files")
     lines = [f"| minute | " + " | ".join(f"{n} RSS MB / fds / threads" for n in NODES)
-             + " | /dev/shm files (MB) | rate Hz | p99 period error ms | obs->chunk p50 ms | success |",
+             + " | graph's /dev/shm files (stale new) | rate Hz | p99 period error ms | obs->chunk p50 ms | success |",
              "|" + " --- |" * (len(NODES) + 6)]
     for r in rows:
         cells = [f"{r['nodes'][n]['rss_mb']:.1f} / {r['nodes'][n]['fds']:.0f} / {r['nodes'][n]['threads']:.0f}"
                  if n in r["nodes"] else "-" for n in NODES]
-        lines.append(f"| {r['t_min']:.1f} | " + " | ".join(cells) + f" | {r['shm_files']} ({r['shm_mb']:.1f}) | "
+        lines.append(f"| {r['t_min']:.1f} | " + " | ".join(cells) + f" | {r['shm_files']} ({r['shm_stale_new']}) | "
                      f"{r['rate_hz']:.2f} | {r['period_error_p99_ms']:.2f} | {r['latency_p50_ms']:.1f} | "
                      f"{r['episodes_success']}/{r['episodes_done']} |")
     print("\ngrowth per hour after the warm-up:")

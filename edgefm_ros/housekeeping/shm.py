@@ -108,6 +108,36 @@ def mapped_names(shm_dir: str | Path = SHM_DIR) -> set[str]:
     return out
 
 
+def mapped_by(pids, shm_dir: str | Path = SHM_DIR) -> set[str]:
+    """The Fast DDS files in ``shm_dir`` that any of ``pids`` maps: what a group of processes uses, whatever
+    other programs on the machine do."""
+    prefix = str(Path(shm_dir)) + "/"
+    out: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    i = line.find(prefix)
+                    if i >= 0:
+                        name = line[i + len(prefix):].rstrip("\n").removesuffix(" (deleted)")
+                        if is_fastdds_file(name):
+                            out.add(name)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
+def size_mb(names, shm_dir: str | Path = SHM_DIR) -> float:
+    """Memory the named files take (tmpfs blocks), MB."""
+    total = 0
+    for n in names:
+        try:
+            total += (Path(shm_dir) / n).stat().st_blocks * 512
+        except FileNotFoundError:
+            continue
+    return total / 1e6
+
+
 def owned_by(pid: int, shm_dir: str | Path = SHM_DIR) -> list[str]:
     """The segments and ports whose lock file process ``pid`` holds (from /proc/locks): the files Fast DDS
     must remove when that process's participants go."""

@@ -45,7 +45,8 @@ class SoakRules:
     RSS: a run of ``long_run_min`` or more is judged by its fitted growth per hour (< ``rss_pct_per_h``
     of the value at the warm-up's end); a shorter run cannot resolve that rate against a process's normal
     swing, and is judged by its total growth after the warm-up (< ``rss_pct_short`` of that value).
-    fds, threads, /dev/shm files: at most ``flat_tolerance`` above the value at the warm-up's end, ever.
+    fds, threads, the graph's /dev/shm files: at most ``flat_tolerance`` above the value at the warm-up's end,
+    ever; no stale Fast DDS file may appear (``shm_stale_new``, from the start).
     Control: p99 |period error| over the judged ticks within ``period_error_frac`` of the period.
     Success: the first and last ``compare_min`` minutes (a third of the run each when shorter) differ by
     less than two standard errors of the difference (two-proportion z), and by at most ``success_drop``."""
@@ -122,7 +123,9 @@ def judge(rows: Sequence[Mapping], rules: SoakRules, control_period_s: float,
             worst = max(r["nodes"].get(node, {}).get(k, math.nan) for r in rows_j) - first[k]
             v[f"{node} {k}"] = (worst <= rules.flat_tolerance, f"{first[k]:.0f} -> max +{worst:.0f}")
     worst = max(r["shm_files"] for r in rows_j) - rows_j[0]["shm_files"]
-    v["/dev/shm files"] = (worst <= rules.flat_tolerance, f"{rows_j[0]['shm_files']} -> max +{worst}")
+    stale = max(r.get("shm_stale_new", 0) for r in rows)
+    v["/dev/shm files"] = (worst <= rules.flat_tolerance and stale == 0,
+                           f"the graph maps {rows_j[0]['shm_files']} -> max +{worst}; stale new files: max {stale}")
     bound_ms = rules.period_error_frac * control_period_s * 1e3
     e = np.asarray(period_errors_ms, dtype=np.float64)
     p99 = float(np.percentile(e, 99)) if e.size else math.nan
@@ -153,7 +156,7 @@ def svg(rows: Sequence[Mapping], title: str, width: int = 900, panel_h: int = 15
     panels = [("RSS (MB)", {n: [r["nodes"].get(n, {}).get("rss_mb", math.nan) for r in rows] for n in nodes}),
               ("open fds", {n: [r["nodes"].get(n, {}).get("fds", math.nan) for r in rows] for n in nodes}),
               ("threads", {n: [r["nodes"].get(n, {}).get("threads", math.nan) for r in rows] for n in nodes}),
-              ("/dev/shm Fast DDS files", {"files": [r["shm_files"] for r in rows]}),
+              ("/dev/shm Fast DDS files the graph maps", {"files": [r["shm_files"] for r in rows]}),
               ("control p99 |period error| (ms)", {"p99": [r["period_error_p99_ms"] for r in rows]}),
               ("observation->chunk p50 (ms)", {"p50": [r["latency_p50_ms"] for r in rows]}),
               ("task success per window", {"success": [r["episodes_success"] / r["episodes_done"]

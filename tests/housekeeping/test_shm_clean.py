@@ -8,6 +8,8 @@ import mmap
 import os
 import secrets
 
+import pytest
+
 from edgefm_ros.housekeeping import shm
 
 
@@ -48,6 +50,8 @@ def test_clean_removes_only_what_no_process_uses(tmp_path):
     m = mmap.mmap(f.fileno(), 0)
     try:
         assert sorted(shm.stale(tmp_path)) == sorted(shm.clean(tmp_path, dry_run=True).removed)
+        assert shm.mapped_by([os.getpid()], tmp_path) == {port_mapped}
+        assert shm.size_mb([port_mapped], tmp_path) == pytest.approx(4096 / 1e6)
         before = shm.usage(tmp_path)
         r = shm.clean(tmp_path, use_tool=False)
         gone = {dead, dead + "_el", port_dead, port_dead + "_el", f"sem.{port_dead}_mutex",

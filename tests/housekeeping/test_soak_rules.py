@@ -56,6 +56,9 @@ def test_fd_thread_and_shm_leaks_fail():
     rows[40]["shm_files"] += 3
     v = judge(rows, SoakRules(), PERIOD, errors())
     assert failed(v) == ["/dev/shm files", "sim_node threads", "vla_node fds"], v
+    stale = steady_run()
+    stale[30]["shm_stale_new"] = 2  # files no process uses appeared (a participant that died unclean)
+    assert failed(judge(stale, SoakRules(), PERIOD, errors())) == ["/dev/shm files"]
 
 
 def test_period_error_and_success_drop_fail():
