@@ -85,7 +85,9 @@ class RouterNode(ManagedNode):
         thresholds = {n: yaml_thresholds[n] if v is None else v for n, v in c.thresholds.items()}
         self.router.set_thresholds(**thresholds)
         # the router YAML's values for the thresholds not given: `ros2 param get` shows what is applied
-        self.set_parameters([Parameter(n, value=float(thresholds[n])) for n, v in c.thresholds.items() if v is None])
+        unset = [Parameter(n, value=float(thresholds[n])) for n, v in c.thresholds.items() if v is None]
+        if unset:
+            self.set_parameters_atomically(unset)
         self._instruction = c.default_instruction
         self.prober = prober_for(c.cloud_url, c.cloud_token_file, c.cloud_ca_file, c.probe_period_s,
                                  c.probe_bytes, self.router.link)
@@ -107,6 +109,7 @@ class RouterNode(ManagedNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         ret = super().on_activate(state)
         self._active = True
+        self.get_logger().info(f"active: deciding on {self.resolve_topic_name(self.cfg.route_topic)}")
         return ret
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:

@@ -19,10 +19,11 @@ published on ``answer_topic``; ``info_topic`` gets one JSON object per answer (s
 edge-fallback, the route, its reason, why the cloud did not answer, timings); /diagnostics counts
 routes, sources and fallback reasons.
 
-Lifecycle: configure loads the model (and the fixed-prefix KV cache, if given), the router and the
-cloud client and makes the publishers and subscriptions, all in one place; ``_release`` undoes all of it (a
-failed configure, cleanup, an error, shutdown); activate starts the worker thread; questions that arrive
-while one is being answered wait in a short queue (oldest dropped). Malformed messages are counted and ignored, never fatal.
+Lifecycle (ros/lifecycle.py holds what every node shares): configure loads the model (and the fixed-prefix
+KV cache, if given), the router and the cloud client and makes the publishers and subscriptions; release
+undoes all of it (a failed configure, cleanup, an error, shutdown); activate starts the worker thread;
+questions that arrive while one is being answered wait in a short queue (oldest dropped). Malformed messages
+are counted and ignored, never fatal.
 """
 from __future__ import annotations
 

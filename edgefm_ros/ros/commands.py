@@ -9,7 +9,8 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from edgefm_ros.ros.convert import to_sec
 
-# command_type parameter (params/action.py COMMAND_TYPES) -> message type (trajectory_msgs, a ros2_control forward controller's array, JointState)
+# command_type parameter (params/action.py COMMAND_TYPES) -> message type: trajectory_msgs, a ros2_control
+# forward controller's array, JointState
 COMMAND_MSG = {"joint_trajectory": JointTrajectory, "float64_multi_array": Float64MultiArray,
                "joint_state": JointState}
 

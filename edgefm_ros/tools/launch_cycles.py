@@ -42,7 +42,8 @@ STARTED = re.compile(r"\[INFO\] \[([\w.-]+)-(\d+)\]: process started with pid \[
 CLEAN = re.compile(r"\[([\w.-]+)-(\d+)\]: process has finished cleanly \[pid (\d+)\]")
 DIED = re.compile(r"\[([\w.-]+)-(\d+)\]: process has died \[pid (\d+), exit code (-?\d+)")
 # what each of our nodes logs once it is up (lifecycle nodes: activated)
-READY = {"vla_node": "warm-up done", "action_node": "active: control loop running", "router_node": "routing "}
+READY = {"vla_node": "warm-up done", "action_node": "active: control loop running",
+         "router_node": "active: deciding"}
 CRASH_WORDS = ("malloc", "Aborted", "Segmentation fault", "core dumped", "Traceback", "double free")
 # A child started with SIGINT ignored (a background job of a non-interactive shell) would ignore Ctrl-C:
 # `ros2 launch` runs with the default disposition restored.

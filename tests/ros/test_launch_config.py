@@ -36,42 +36,56 @@ def test_launch_files_exist():
     assert {p.name for p in LAUNCH} >= {"edgefm.launch.py", "replay.launch.py"}
 
 
-def _context(**values):
+def _context(*extra, **values):
     from launch import LaunchContext
 
     from edgefm_ros.ros.launch_args import ARGS
 
     ctx = LaunchContext()
-    ctx.launch_configurations.update({a.name: a.default for a in ARGS})
+    ctx.launch_configurations.update({a.name: a.default for a in ARGS + extra})
     ctx.launch_configurations.update(values)
     return ctx
 
 
-def test_launch_graph_starts_our_executables_and_applies_the_arguments():
+def test_launch_graph_starts_our_executables_and_applies_the_arguments(tmp_path):
     """The graph edgefm.launch.py starts (edgefm_ros/ros/launch_args.py), evaluated with the launch API:
-    lifecycle vla_node and action_node, router_node when use_router, our package, the params file, exit
-    with the launcher; a non-empty argument overrides its parameter, an empty one keeps the file's."""
+    lifecycle vla_node, action_node and router_node (use_router), our package, the params file, exit with the
+    launcher; a non-empty argument overrides its parameter, an empty one keeps the file's."""
     require_module("launch_ros")
     from launch_ros.actions import LifecycleNode
 
     from edgefm_ros.ros.launch_args import graph_nodes, overrides
     from edgefm_ros.ros.spin import EXIT_WITH_PARENT_ENV
 
-    ctx = _context(params_file="/p.yaml", checkpoint="/models/ckpt", mode="fast",
-                   camera_topics="[/wrist/image_raw/compressed, /top/image_raw]", autostart="false")
+    robot = tmp_path / "robot.yaml"
+    robot.write_text("vla_node:\n  ros__parameters:\n    threads: 1\n    tables: []\n"
+                     "/arm1/action_node:\n  ros__parameters:\n    spin_s: 0.0\n")
+    ctx = _context(params_file=str(robot), checkpoint="/models/ckpt", mode="fast", vlm="/models/vlm",
+                   camera_topics="[/wrist/image_raw/compressed, /top/image_raw]", autostart="false",
+                   joint_names="a, b,c", namespace="arm1")
     nodes = graph_nodes(ctx)
     assert [(n.node_executable, isinstance(n, LifecycleNode)) for n in nodes] == [
-        ("vla_node", True), ("action_node", True), ("router_node", False)]
+        ("vla_node", True), ("action_node", True), ("router_node", True)]
     assert all(n.node_package == "edgefm_ros" for n in nodes)
     from launch.utilities import perform_substitutions
 
     envs = [{perform_substitutions(ctx, k): perform_substitutions(ctx, v) for k, v in n.additional_env} for n in nodes]
     assert all(e.get(EXIT_WITH_PARENT_ENV) == "1" for e in envs), envs
+    # launch_ros has no public getter before it runs the node: the namespace and the files it was given
+    assert [n._Node__node_namespace for n in nodes] == ["arm1"] * 3
+    # rcl reads a plain node name in a params file as the root namespace's: under a namespace the nodes get a
+    # copy whose sections match them wherever they are
+    files = {str(n._Node__parameters[0].evaluate(ctx)) for n in nodes}
+    assert len(files) == 1 and str(robot) not in files
+    copy = yaml.safe_load(Path(files.pop()).read_text())
+    assert copy == {"/**/vla_node": {"ros__parameters": {"threads": 1, "tables": []}},
+                    "/arm1/action_node": {"ros__parameters": {"spin_s": 0.0}}}
     cams = ["/wrist/image_raw/compressed", "/top/image_raw"]
-    assert overrides(ctx, "vla_node") == {"checkpoint": "/models/ckpt", "mode": "fast", "camera_topics": cams,
+    assert overrides(ctx, "vla_node") == {"checkpoint": "/models/ckpt", "vlm_dir": "/models/vlm", "mode": "fast",
+                                          "camera_topics": cams, "state_joint_names": ["a", "b", "c"],
                                           "autostart": False}
-    assert overrides(ctx, "action_node") == {"autostart": False}
-    assert overrides(ctx, "router_node") == {"camera_topics": cams}
+    assert overrides(ctx, "action_node") == {"joint_names": ["a", "b", "c"], "autostart": False}
+    assert overrides(ctx, "router_node") == {"camera_topics": cams, "autostart": False}
     assert overrides(_context(params_file="/p.yaml"), "vla_node") == {}  # empty arguments: the file decides
     assert [n.node_executable for n in graph_nodes(_context(params_file="/p.yaml", use_router="false"))] == [
         "vla_node", "action_node"]
@@ -79,6 +93,55 @@ def test_launch_graph_starts_our_executables_and_applies_the_arguments():
         graph_nodes(_context(params_file="/p.yaml", use_router="maybe"))
     with pytest.raises(ValueError, match="autostart"):
         overrides(_context(params_file="/p.yaml", autostart="yes please"), "vla_node")
+
+
+def test_sim_launch_graph_takes_the_shared_arguments_too():
+    """sim.launch.py's graph: sim_node first, then edgefm.launch.py's nodes, with the same shared arguments
+    (autostart, namespace, mode, camera_topics: also where sim_node publishes) and its own two."""
+    require_module("launch_ros")
+    from edgefm_ros.ros.launch_args import SIM_ARGS, overrides, sim_graph_nodes
+
+    ctx = _context(*SIM_ARGS, params_file=str(REPO / "config" / "sim.yaml"), use_router="true", autostart="false",
+                   namespace="sim1", mode="fast", camera_topics="/a,/b", inference_delay_ms="250",
+                   results_path="/r.jsonl")
+    nodes = sim_graph_nodes(ctx)
+    assert [n.node_executable for n in nodes] == ["sim_node", "vla_node", "action_node", "router_node"]
+    assert overrides(ctx, "sim_node", SIM_ARGS) == {"camera_topics": ["/a", "/b"], "autostart": False,
+                                                    "results_path": "/r.jsonl"}
+    assert overrides(ctx, "vla_node", SIM_ARGS) == {"mode": "fast", "camera_topics": ["/a", "/b"],
+                                                    "autostart": False, "inference_delay_ms": 250.0}
+    with pytest.raises(ValueError, match="inference_delay_ms"):
+        overrides(_context(*SIM_ARGS, params_file="/p", inference_delay_ms="slow"), "vla_node", SIM_ARGS)
+
+
+def test_every_launch_file_takes_the_shared_arguments_and_refuses_others():
+    """Each launch file declares every shared argument (one list: launch_args.ARGS); an argument none of its
+    declarations names fails the launch, naming it (ROS 2 launch alone would ignore it)."""
+    require_module("launch_ros")
+    import importlib.util
+
+    from launch import LaunchContext
+    from launch.actions import OpaqueFunction
+
+    from edgefm_ros.ros.launch_args import ARGS, refuse_undeclared
+
+    for path in LAUNCH:
+        spec = importlib.util.spec_from_file_location(path.stem.replace(".", "_"), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        declared = {a.name for a in module.generate_launch_description().get_launch_arguments()}
+        assert {a.name for a in ARGS} <= declared, (path.name, {a.name for a in ARGS} - declared)
+    check = refuse_undeclared(["autostart", "namespace"])
+    assert isinstance(check, OpaqueFunction)
+    ctx = LaunchContext()
+    ctx.launch_configurations.update({"autostart": "false", "autostrat": "false"})
+    with pytest.raises(ValueError, match=r"\['autostrat'\] are not declared"):
+        check.execute(ctx)
+    inner = refuse_undeclared(["autostart"])  # an included file's check (its parent's arguments are given too)
+    assert not inner.execute(ctx)  # the outermost file checked: nothing more
+    fresh = LaunchContext()
+    fresh.launch_configurations.update({"autostart": "true"})
+    assert not refuse_undeclared(["autostart", "namespace"]).execute(fresh)
 
 
 @pytest.mark.parametrize("path", LAUNCH, ids=lambda p: p.name)

@@ -1,5 +1,5 @@
 """The real ``ros2`` CLI on one launched graph (edgefm.launch.py with autostart:=false, the tiny model):
-``ros2 lifecycle set/get`` brings vla_node and action_node up; ``ros2 param set/get`` changes the
+``ros2 lifecycle set/get`` brings vla_node, action_node and router_node up; ``ros2 param set/get`` changes the
 router's runtime thresholds and prints the reason an invalid or read-only value is refused; ``ros2 topic
 pub`` with the CLI's default QoS reaches every topic the nodes subscribe to; ``ros2 topic echo`` and ``ros2
 topic hz`` read every topic they publish; ``ros2 interface show`` prints our messages. At the end SIGINT
@@ -38,7 +38,8 @@ def graph(ros, tiny_model, tmp_path_factory):
     g = LaunchedGraph("edgefm.launch.py", {"params_file": params, "autostart": "false", "use_router": "true"},
                       tmp / "launch.log")
     try:
-        g.wait_ready(("router_node",), timeout=90)
+        for node in ("/vla_node", "/action_node", "/router_node"):  # autostart false: each waits, unconfigured
+            assert _lifecycle_get(node, timeout=90, want="unconfigured") == "unconfigured [1]", (node, g.text()[-3000:])
         yield g, obs, tmp
     finally:
         result = g.stop(signal.SIGINT, "launch", 15.0)
@@ -91,17 +92,19 @@ def _lifecycle_set(node: str, transition: str, goal: str) -> None:
 
 def test_lifecycle_set_get_brings_the_nodes_up(graph):
     g, obs, _ = graph
-    for node in ("/vla_node", "/action_node"):
+    nodes = ("/vla_node", "/action_node", "/router_node")
+    for node in nodes:
         assert _lifecycle_get(node, want="unconfigured") == "unconfigured [1]"
     _lifecycle_set("/vla_node", "configure", "inactive")
     assert _lifecycle_get("/vla_node") == "inactive [2]"
     r = ros2("lifecycle", "set", "/action_node", "activate")  # not allowed from unconfigured
     assert r.returncode != 0 and "Unknown transition requested" in r.stderr + r.stdout
-    _lifecycle_set("/action_node", "configure", "inactive")
-    for node in ("/vla_node", "/action_node"):
+    for node in nodes[1:]:
+        _lifecycle_set(node, "configure", "inactive")
+    for node in nodes:
         _lifecycle_set(node, "activate", "active")
         assert _lifecycle_get(node) == "active [3]"
-    for node in ("vla_node", "action_node"):
+    for node in ("vla_node", "action_node", "router_node"):
         assert obs.wait(node, lambda v: v.get("state") == "active").get("state") == "active"
 
 

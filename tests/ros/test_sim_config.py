@@ -12,6 +12,7 @@ from edgefm_ros.params.action import ActionNodeConfig
 from edgefm_ros.params.sim import JOINTS, SimNodeConfig
 from edgefm_ros.params.spec import unknown_in_params_file, validate
 from edgefm_ros.params.vla import VlaNodeConfig
+from skips import require_module
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = {"sim_node": SimNodeConfig.PARAMS, "vla_node": VlaNodeConfig.PARAMS, "action_node": ActionNodeConfig.PARAMS}
@@ -50,14 +51,30 @@ def test_sim_config_wires_the_loop():
 
 
 def test_sim_launch_starts_the_loop_with_a_checkpoint_argument():
-    tree = ast.parse((REPO / "launch" / "sim.launch.py").read_text())
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    nodes = {k.value.value for c in calls if getattr(c.func, "id", "") in ("Node", "LifecycleNode")
-             for k in c.keywords if k.arg == "executable"}
-    assert nodes == {"sim_node", "vla_node", "action_node", "router_node"}
-    args = {c.args[0].value for c in calls if getattr(c.func, "id", "") == "DeclareLaunchArgument"}
-    assert {"checkpoint", "params_file", "inference_delay_ms"} <= args
-    assert "smolvla-metaworld" in ast.unparse(tree) and "sim.yaml" in ast.unparse(tree)
+    """sim.launch.py (evaluated with the launch API): the shared arguments plus its own, the committed checkpoint
+    and config/sim.yaml by default, the router off; its graph is sim_node then edgefm.launch.py's nodes."""
+    require_module("launch_ros")
+    import importlib.util
+
+    from launch import LaunchContext
+
+    from edgefm_ros.ros.launch_args import ARGS, SIM_ARGS, sim_graph_nodes
+
+    spec = importlib.util.spec_from_file_location("sim_launch", REPO / "launch" / "sim.launch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    declared = {a.name: a for a in module.generate_launch_description().get_launch_arguments()}
+    assert set(declared) == {a.name for a in ARGS + SIM_ARGS}
+    ctx = LaunchContext()
+    defaults = {n: "".join(s.perform(ctx) if hasattr(s, "perform") else str(s) for s in a.default_value)
+                for n, a in declared.items() if n not in ("params_file", "checkpoint")}
+    assert defaults["use_router"] == "false" and defaults["inference_delay_ms"] == "0.0"
+    text = ast.unparse(ast.parse((REPO / "launch" / "sim.launch.py").read_text()))
+    assert "smolvla-metaworld" in text and "sim.yaml" in text
+    ctx.launch_configurations.update({**defaults, "params_file": "/sim.yaml", "checkpoint": "/ckpt",
+                                      "use_router": "true"})
+    assert [n.node_executable for n in sim_graph_nodes(ctx)] == ["sim_node", "vla_node", "action_node",
+                                                                 "router_node"]
 
 
 def test_bad_sim_parameters_are_named():
