@@ -35,7 +35,6 @@ class Watcher:
 
         from edgefm_ros.msg import ActionChunk, QueueStatus, RouteDecision
         from edgefm_ros.params import topics
-        from edgefm_ros.ros import qos
         from edgefm_ros.ros.spin import spin_until_shutdown
 
         self.context = Context()
@@ -53,7 +52,6 @@ class Watcher:
         self._thread = threading.Thread(target=spin_until_shutdown, args=(self.executor, self.context),
                                         daemon=True)
         self._thread.start()
-        self._qos = qos
 
     def _count(self, mtype, topic: str) -> None:
         from edgefm_ros.ros import qos
