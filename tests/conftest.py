@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+# Triton's LLVM first: once the simulator has loaded Mesa's EGL libraries into a process, the import of triton
+# that torch's optimizers trigger segfaults (both bring an LLVM); loaded in this order, both work. The suite
+# runs simulator, training and kernel tests in one process.
+import torch._dynamo  # noqa: E402,F401
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # skips.py (test files are imported by path)
 # the strict-mode hooks (tests/skips.py), registered here by name
 from skips import pytest_make_collect_report, pytest_runtest_makereport, pytest_terminal_summary  # noqa: E402,F401

@@ -362,14 +362,18 @@ class ShmCheck:
     left_processes: list[int]
 
     def ok(self) -> bool:
-        graph = max(self.live.files - self.before.files, 0)
-        return abs(self.after.files - self.before.files) <= graph and not self.stale_new and not self.left_processes
+        return self.within() and not self.stale_new and not self.left_processes
+
+    def within(self) -> bool:
+        """At most one live graph's worth more files than before (fewer is no leak: another program's
+        participants may have gone meanwhile)."""
+        return self.after.files - self.before.files <= max(self.live.files - self.before.files, 0)
 
     def line(self) -> str:
         graph = max(self.live.files - self.before.files, 0)
         return (f"/dev/shm Fast DDS files: {self.before.files} ({self.before.mb:.1f} MB) before, one graph up "
                 f"+{graph}, after {self.after.files} ({self.after.mb:.1f} MB): "
-                f"{'within' if abs(self.after.files - self.before.files) <= graph else 'OUTSIDE'} +-{graph}; "
+                f"{'within' if self.within() else 'OUTSIDE'} +{graph}; "
                 f"stale files left: {len(self.stale_new)}; processes left: {len(self.left_processes)}")
 
 
