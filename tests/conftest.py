@@ -12,7 +12,12 @@ import pytest
 
 # Triton's LLVM first: once the simulator has loaded Mesa's EGL libraries into a process, the import of triton
 # that torch's optimizers trigger segfaults (both bring an LLVM); loaded in this order, both work. The suite
-# runs simulator, training and kernel tests in one process.
+# runs simulator, training and kernel tests in one process. Without a GPU, Triton's kernels run only under its
+# interpreter, which must be chosen before triton is imported (tests/kernels/test_kernel_triton.py).
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch._dynamo  # noqa: E402,F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # skips.py (test files are imported by path)

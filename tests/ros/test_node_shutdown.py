@@ -216,8 +216,13 @@ def test_node_exits_0_on_signal_in_every_state(ros, tiny_model, tmp_path, ros_do
     assert rc == 0, f"{name} in state {state}: exit {rc} after {sig.name}\n{text[-3000:]}"
     assert took < BOUND_S, f"{name} took {took:.1f}s to exit"
     assert f"{sig.name}: shutting down" in text
+    # its participant's segments go with it; a listening port of its stays only while a live peer still maps it
+    # (Fast DDS unlinks it when the last user closes it; the clean-up removes it once unmapped), never stale
     left = [n for n in owned if (shm.SHM_DIR / n).exists()]
-    assert not left, f"{name} in state {state}: its shared-memory files outlived it after {sig.name}: {left}"
+    segments = [n for n in left if shm.SEGMENT.match(n)]
+    stale = sorted(set(left) & set(shm.stale()))
+    assert not segments and not stale, (f"{name} in state {state}: its shared-memory files outlived it after "
+                                        f"{sig.name}: segments {segments}, stale {stale}")
     if state == "inference":
         assert "observation refused" not in text, text[-2000:]  # the request was taken: inference in hand
 
