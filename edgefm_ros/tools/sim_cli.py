@@ -59,6 +59,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         report = run_async_eval(args.checkpoint or str(default_checkpoint()), args.tasks, seeds, aggregate=args.aggregate or "weighted_average",
                                 delay_ms=args.delay_ms, compute_ms=args.compute_ms, max_seconds=args.max_seconds,
+                                threshold=args.chunk_size_threshold,
                                 log=lambda m: print(m, flush=True), engine_mode=args.mode, **episode_kw)
     elif args.exec == "sync":
         from edgefm_ros.sim.rollout import run_sync_eval
@@ -113,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--aggregate", default=None, help="action_node chunk aggregation (ros, async): "
                    "weighted_average, latest_only, average, conservative or rtc (real-time chunking)")
     e.add_argument("--compute-ms", type=float, default=50.0, help="async: simulated inference time per chunk")
+    e.add_argument("--chunk-size-threshold", type=float, default=0.5, help="async: a chunk is requested when the "
+                   "queue holds less than this share of a chunk (action_node's chunk_size_threshold); to cover a "
+                   "latency of L ticks it must exceed L / chunk_size")
     e.add_argument("--n-action-steps", type=int, default=None, help="sync: actions executed per chunk "
                    "(default: the checkpoint's n_action_steps)")
     e.add_argument("--max-seconds", type=float, default=None, help="sync: episode time limit (default: the "
