@@ -30,4 +30,5 @@ class EpisodeSetup:
 def episode_setup(task: str, seed: int, conditions: str = "clean", phrasings: str = "canonical") -> EpisodeSetup:
     """``conditions``: a condition set name (sim.conditions.CONDITION_SETS); ``phrasings``: "canonical" or
     "varied" (sim.tasks.episode_instruction)."""
-    return EpisodeSetup(task, int(seed), draw_condition(conditions, task, seed), episode_instruction(task, seed, phrasings))
+    return EpisodeSetup(task, int(seed), draw_condition(conditions, task, seed),
+                        episode_instruction(task, seed, phrasings))

@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "task's max_seconds)")
     e.add_argument("--conditions", choices=sorted(CONDITION_SETS), default="clean",
                    help="camera condition set, drawn per episode from its seed: " + "; ".join(
-                       f"{n}: " + ", ".join(f"{c} {p * 100:.0f}%%" for c, p in cs.shares) for n, cs in CONDITION_SETS.items()))
+                       f"{n}: " + ", ".join(f"{c} {p * 100:.0f}%%" for c, p in cs.shares)
+                       for n, cs in CONDITION_SETS.items()))
     e.add_argument("--phrasings", choices=PHRASINGS, default="canonical", help="instruction per episode: the "
                    "task's canonical one, or varied (drawn from the seed; evaluation seeds include held-out wordings)")
     e.add_argument("--image-size", type=_image_hw, default=None, help="HxW of the cameras (default: the "

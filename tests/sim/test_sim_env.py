@@ -10,7 +10,8 @@ from edgefm_ros.sim.env import SimConfig, SimEnv  # noqa: E402  (first: it picks
 
 pytest.importorskip("metaworld", reason="metaworld not installed (scripts/setup.sh installs it)")
 from edgefm_ros.sim.expert import Expert, run_expert_episode  # noqa: E402
-from edgefm_ros.sim.tasks import EVAL_SEEDS, TASKS, TRAIN_SEEDS, TaskSpec, parse_seeds, parse_tasks  # noqa: E402
+from edgefm_ros.sim.tasks import (EVAL_SEEDS, TASKS, TRAIN_SEEDS, TaskSpec,  # noqa: E402
+                                  episode_instruction, parse_seeds, parse_tasks)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,11 @@ def test_collect_cli_writes_expert_demos(tmp_path):
                  "--image-size", "32x48"]) == 0
     ds = read_dataset(out)
     assert ds.image_hw == (32, 48) and ds.fps == 20.0 and set(ds.images) == {"scene", "wrist"}
-    assert ds.tasks == [TASKS["reach"].instruction, TASKS["button-press-topdown"].instruction]
+    # each episode's instruction is drawn by its seed from the task's training phrasings (none held out)
+    drawn = [episode_instruction(t, s, "varied") for t in ("reach", "button-press-topdown") for s in (0, 1)]
+    assert ds.tasks == list(dict.fromkeys(drawn))
+    assert [ds.tasks[i] for i in ds.task_index[np.r_[0, np.flatnonzero(np.diff(ds.episode_index)) + 1]]] == drawn
+    assert all(d in TASKS[t].train_phrasings for d, t in zip(drawn, ["reach"] * 2 + ["button-press-topdown"] * 2))
     assert ds.episode_success == {0: True, 1: True, 2: True, 3: True}
     assert [ds.episode_seed[e] for e in range(4)] == [0, 1, 0, 1]  # training seeds
     # the action is an absolute target the hand then tracks: by the next frame the hand is nearer to it
