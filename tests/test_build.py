@@ -27,6 +27,7 @@ CONSOLE_SCRIPTS = {
     "edgefm-demo": "edgefm_ros.tools.demo:main",
     "edgefm-llm": "edgefm_ros.tools.llm_cli:main",
     "edgefm-sim": "edgefm_ros.tools.sim_cli:main",
+    "edgefm-shm-clean": "edgefm_ros.housekeeping.shm:main",
 }
 # .msg primitive -> the type name rosidl reports in get_fields_and_field_types()
 ROSIDL_NAMES = {
