@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from edgefm_ros.routing.features import extract_features, text_features, visual_features  # noqa: E402
 from edgefm_ros.routing.link import LinkEstimator  # noqa: E402
-from edgefm_ros.routing.policy import Router  # noqa: E402
+from edgefm_ros.routing.router import Router  # noqa: E402
 
 
 def frame() -> np.ndarray:

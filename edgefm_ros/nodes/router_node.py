@@ -41,7 +41,7 @@ from edgefm_ros.ros.convert import compressed_view, image_view, route_to_msg
 from edgefm_ros.ros.lifecycle import ManagedNode
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.routing.config import check_thresholds
-from edgefm_ros.routing.policy import Router
+from edgefm_ros.routing.router import Router
 from edgefm_ros.types import RouteDecision
 
 __all__ = ["RouterNode", "default_config_path", "image_view", "main"]

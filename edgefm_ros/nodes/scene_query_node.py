@@ -50,7 +50,7 @@ from edgefm_ros.ros.images import decode_compressed, image_to_rgb
 from edgefm_ros.ros.lifecycle import ManagedNode
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.ros.worker import RequestQueue, Worker
-from edgefm_ros.routing.policy import Router
+from edgefm_ros.routing.router import Router
 
 PARAMS = SceneQueryConfig.PARAMS
 

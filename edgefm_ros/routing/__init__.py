@@ -8,7 +8,7 @@ carry it.
 API (import the modules; this package imports nothing itself, so ``routing.link`` works without
 OpenCV on a cloud server)::
 
-    from edgefm_ros.routing.policy import Router
+    from edgefm_ros.routing.router import Router
     from edgefm_ros.routing.link import LinkEstimator
 
     link = LinkEstimator()                               # shared with the cloud client, which calls
@@ -20,7 +20,7 @@ OpenCV on a cloud server)::
     d = router.decide(images, instruction, deadline_s=0.5, now=time.monotonic())
     #   images: camera key -> uint8 (H, W, 3) RGB, or the JPEG bytes of a CompressedImage
     #   d: edgefm_ros.types.RouteDecision: target "edge"|"cloud", candidate, reason (the rule
-    #   that decided, policy.REASONS), features with names, predictions per candidate
+    #   that decided, router.REASONS), features with names, predictions per candidate
     #   (quality, latency_s, energy_j), guard_open, bandwidth_mbps, rtt_s and params:
     #   jpeg_quality (0 on the edge) and resolution of the chosen candidate, model, precision,
     #   breaker_open, upload_bytes, deadline_s, delta_min, decision_s (overhead)
@@ -30,7 +30,7 @@ OpenCV on a cloud server)::
 Modules, one job each: ``features`` (10-d feature vector, JPEG quality from DQT), ``predictor``
 (quality probability, latency, energy per candidate), ``payload`` (encoded bytes of the images),
 ``pareto`` (per-request frontier), ``link`` (bandwidth/RTT estimation, circuit breaker),
-``policy`` (guard with hysteresis, the decision rules, ``Router``), ``config`` (router.yaml),
+``router`` (guard with hysteresis, the decision rules, ``Router``), ``config`` (router.yaml),
 ``log`` (the JSONL request log), ``calibrate`` (logistic/Platt fit, Brier, ECE), ``evaluate``
 (replay against edge-only, cloud-only, random and oracle), ``shadow`` (action-chunk quality and
 the shadow-mode logger), ``synth`` (synthetic logs from known coefficients). CLI: ``edgefm-router``.

@@ -27,7 +27,7 @@ import numpy as np
 from edgefm_ros.routing.config import RouterConfig
 from edgefm_ros.routing.link import LinkSnapshot
 from edgefm_ros.routing.log import LogRecord
-from edgefm_ros.routing.policy import Router
+from edgefm_ros.routing.router import Router
 
 
 @dataclass(frozen=True)

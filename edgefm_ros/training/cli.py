@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import time
@@ -21,6 +22,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--arch", default=None, choices=sorted(ARCHS), help="from scratch (default: tiny)")
     src.add_argument("--init", default=None, help="fine-tune this SmolVLA checkpoint instead")
     p.add_argument("--tasks", default=None, help="comma-separated task names to train on (default: all)")
+    p.add_argument("--task-weights", default=None, type=parse_task_weights,
+                   help="TASK=W,...: draw these tasks' frames W times as often as the others' (default 1 each)")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps)
     p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
     p.add_argument("--lr", type=float, default=DEFAULTS.lr, help="peak learning rate")
@@ -33,6 +36,23 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=DEFAULTS.log_every)
     p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
     p.add_argument("--log", default=None, help="also append the progress lines to this file")
+
+
+def parse_task_weights(text: str) -> dict[str, float]:
+    """``"push=3,reach=2"`` -> {"push": 3.0, "reach": 2.0}; ArgumentTypeError naming the bad item."""
+    out = {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        name, sep, value = item.partition("=")
+        try:
+            w = float(value) if sep else math.nan
+        except ValueError:
+            w = math.nan
+        if not name or not (math.isfinite(w) and w >= 0):
+            raise argparse.ArgumentTypeError(f"task weight {item!r}: expected TASK=W with W a number >= 0")
+        out[name] = w
+    if not out:
+        raise argparse.ArgumentTypeError(f"task weights {text!r}: expected TASK=W,...")
+    return out
 
 
 def recipe_from_args(args) -> TrainConfig:
@@ -63,7 +83,8 @@ def run_train(args) -> int:
             raise ValueError(f"--dataset: {e}") from None
         result = train(demos, args.out, cfg, arch=None if args.init else (args.arch or "tiny"), init=args.init,
                        log=log, meta={"dataset": str(args.dataset), "command": command},
-                       tasks=[t for t in (args.tasks or "").split(",") if t] or None)
+                       tasks=[t for t in (args.tasks or "").split(",") if t] or None,
+                       task_weights=args.task_weights)
     finally:
         if log_file:
             log_file.close()

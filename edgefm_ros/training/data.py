@@ -55,9 +55,11 @@ def episode_ends(episode_index: np.ndarray) -> np.ndarray:
 class ChunkBatcher:
     def __init__(self, demos: Demos, camera_keys: Sequence[str], chunk_size: int, max_action_dim: int,
                  preprocess: Preprocessor, episodes: Sequence[int] | None = None,
-                 augment: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None):
+                 augment: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None,
+                 episode_weights: Mapping[int, float] | None = None):
         """``episodes``: the episodes to sample frames from (default: all). ``augment``: applied to each
-        batch's uint8 frames {key: [B, H, W, 3]} before preprocessing (training/augment.py)."""
+        batch's uint8 frames {key: [B, H, W, 3]} before preprocessing (training/augment.py).
+        ``episode_weights``: episode -> relative sampling weight of its frames (default 1 each)."""
         n = len(demos.state)
         self.keys = {}
         for k in camera_keys:  # a checkpoint names cameras "observation.images.<name>"; datasets may use either
@@ -85,6 +87,12 @@ class ChunkBatcher:
         if len(self.frames) == 0:
             raise ValueError(f"no frames to train on (episodes {list(episodes or [])[:10]})")
         self.size = len(self.frames)
+        self.probs = None
+        if episode_weights:
+            w = np.array([float(episode_weights.get(int(e), 1.0)) for e in demos.episode_index[self.frames]])
+            if not (np.isfinite(w).all() and (w >= 0).all() and w.sum() > 0):
+                raise ValueError(f"episode_weights must be finite, >= 0 and not all 0, got values {sorted(set(w))[:5]}")
+            self.probs = torch.from_numpy(w / w.sum())
         s = preprocess.stats
         self.action_mean, self.action_std, self.eps = s.action_mean.numpy(), s.action_std.numpy(), s.eps
 
@@ -107,7 +115,10 @@ class ChunkBatcher:
         return Batch(inputs, act, torch.from_numpy(is_pad))
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        pick = torch.randint(0, self.size, (batch_size,), generator=generator).numpy()
+        if self.probs is None:
+            pick = torch.randint(0, self.size, (batch_size,), generator=generator).numpy()
+        else:
+            pick = torch.multinomial(self.probs, batch_size, replacement=True, generator=generator).numpy()
         return self.batch(self.frames[pick])
 
 

@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -95,12 +95,13 @@ def _setup(demos: Demos, out: Path, cfg: TrainConfig, arch: str | None, init: st
 
 
 def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "tiny", init: str | Path | None = None,
-          log: Callable[[str], None] = print, meta: dict | None = None, tasks: Sequence[str] | None = None
-          ) -> TrainResult:
-    """``tasks``: train on these tasks' episodes only (the dataset's per-episode task names; default all)."""
+          log: Callable[[str], None] = print, meta: dict | None = None, tasks: Sequence[str] | None = None,
+          task_weights: Mapping[str, float] | None = None) -> TrainResult:
+    """``tasks``: train on these tasks' episodes only (the dataset's per-episode task names; default all).
+    ``task_weights``: task name -> how much more often its frames are drawn than the others' (default 1)."""
     out = Path(out)
     names = getattr(demos, "episode_task", None) or {}  # episode -> task name
-    unknown = sorted(set(tasks or ()) - set(names.values()))
+    unknown = sorted((set(tasks or ()) | set(task_weights or ())) - set(names.values()))
     if unknown:
         raise ValueError(f"task(s) {unknown} not in the dataset (its tasks: {sorted(set(names.values()))})")
     torch.manual_seed(cfg.seed)
@@ -119,7 +120,9 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     if tasks:
         episodes = [e for e in episodes if names.get(e) in set(tasks)]
     batcher = ChunkBatcher(demos, pcfg.camera_keys, pcfg.chunk_size, pcfg.max_action_dim, pre, episodes,
-                           augment=make_augment(cfg.augment, cfg.seed))
+                           augment=make_augment(cfg.augment, cfg.seed),
+                           episode_weights={e: task_weights.get(names.get(e), 1.0) for e in episodes}
+                           if task_weights else None)
     model = TrainableSmolVLA(pcfg, ck.vlm, weights, cfg.vision_position_ids)
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
@@ -133,7 +136,7 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     info = {"recipe": cfg.as_dict(), "arch": arch if init is None else None, "init": str(init) if init else None,
             "parameters": n_params, "frames": batcher.size, "episodes": len(episodes),
             # the tasks trained on (the sim's eval reads this): task names when the dataset has them, else texts
-            "tasks": trained,
+            "tasks": trained, **({"task_weights": dict(task_weights)} if task_weights else {}),
             **(meta or {})}
 
     def save(step: int, loss: float, seconds: float) -> None:

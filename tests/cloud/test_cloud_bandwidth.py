@@ -2,7 +2,7 @@
 
 The server runs in a network namespace the test creates, reached over a veth pair; a token bucket
 (tc tbf) on the robot side's veth limits the upload. Needs root, iproute2 and the sch_tbf qdisc:
-skipped otherwise. The estimator and the guard are the router's own (routing.link, routing.policy).
+skipped otherwise. The estimator and the guard are the router's own (routing.link, routing.router).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def ns_server(netns, tiny_dirs, tmp_path_factory):
 
 def test_bandwidth_limit_moves_estimate_and_flips_guard(netns, ns_server, local_engine, rng):
     from edgefm_ros.routing.link import LinkEstimator
-    from edgefm_ros.routing.policy import BandwidthGuard
+    from edgefm_ros.routing.router import BandwidthGuard
 
     _, host_if, _ = netns
     link = LinkEstimator()

@@ -21,7 +21,7 @@ from cloud_support import REPO, TOKEN, free_port
 from edgefm_ros.cloud.probe import MAX_PROBE_BYTES, LinkProber, ProbeConfig, make_prober, probe_link
 from edgefm_ros.cloud.transport import HttpTransport
 from edgefm_ros.routing.link import LinkConfig, LinkEstimator
-from edgefm_ros.routing.policy import Router
+from edgefm_ros.routing.router import Router
 
 ROUTER_YAML = REPO / "config" / "router.yaml"
 

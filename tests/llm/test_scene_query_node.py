@@ -82,7 +82,7 @@ def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_v
     from edgefm_ros.cloud.server.settings import free_port
     from edgefm_ros.nodes.scene_query_node import PARAMS, SceneAnswerer, make_config
     from edgefm_ros.ros.params import validate
-    from edgefm_ros.routing.policy import Router
+    from edgefm_ros.routing.router import Router
 
     engine = tiny_vlm[2]
     cfg = make_config(validate(PARAMS, {"max_new_tokens": 5, "cloud_timeout_s": 2.0, "static_bandwidth_mbps": 50.0,

@@ -10,7 +10,7 @@ from edgefm_ros.routing.config import (DESIGN_NAMES, Candidate, LatencyModel, Po
 from edgefm_ros.routing.link import LinkConfig, LinkEstimator, LinkSnapshot
 from edgefm_ros.routing.pareto import dominates, frontier
 from edgefm_ros.routing.payload import request_bytes
-from edgefm_ros.routing.policy import REASONS, Router, choose
+from edgefm_ros.routing.router import REASONS, Router, choose
 from edgefm_ros.types import CandidatePrediction
 
 ROOT = Path(__file__).resolve().parents[2]
