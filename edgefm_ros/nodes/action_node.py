@@ -30,7 +30,7 @@ from edgefm_ros.ros import qos
 from edgefm_ros.ros.commands import COMMAND_MSG, command_msg
 from edgefm_ros.ros.convert import msg_to_chunk, to_sec, to_stamp
 from edgefm_ros.ros.lifecycle import ManagedNode
-from edgefm_ros.ros.realtime import FifoScope, join_or_report
+from edgefm_ros.threads.realtime import FifoScope, join_or_report
 from edgefm_ros.ros.spin import run_node
 
 

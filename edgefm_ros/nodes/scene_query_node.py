@@ -46,10 +46,10 @@ from edgefm_ros.cloud.tasks.vqa import vqa_messages
 from edgefm_ros.params.scene_query import SceneQueryConfig
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
-from edgefm_ros.ros.images import decode_compressed, image_to_rgb
+from edgefm_ros.sensors.camera import decode_compressed, image_to_rgb
 from edgefm_ros.ros.lifecycle import ManagedNode
 from edgefm_ros.ros.spin import run_node
-from edgefm_ros.ros.worker import RequestQueue, Worker
+from edgefm_ros.threads.worker import RequestQueue, Worker
 from edgefm_ros.routing.router import Router
 
 PARAMS = SceneQueryConfig.PARAMS

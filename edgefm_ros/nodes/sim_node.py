@@ -35,9 +35,9 @@ from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.commands import COMMAND_MSG, command_fields
 from edgefm_ros.ros.convert import rgb_to_image_msg, to_stamp
-from edgefm_ros.ros.images import encode_jpeg
+from edgefm_ros.sensors.camera import encode_jpeg
 from edgefm_ros.ros.lifecycle import ManagedNode
-from edgefm_ros.ros.realtime import FifoScope, join_or_report
+from edgefm_ros.threads.realtime import FifoScope, join_or_report
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.sim.env import SimConfig, SimEnv
 from edgefm_ros.sim.live import LiveConfig, LiveSim, parse_episode

@@ -45,13 +45,13 @@ from edgefm_ros.params.vla import VlaNodeConfig
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.convert import chunk_to_msg, msg_to_frame, msg_to_route, to_sec
-from edgefm_ros.ros.joints import JointOrder
+from edgefm_ros.sensors.joints import JointOrder
 from edgefm_ros.ros.lifecycle import ManagedNode
-from edgefm_ros.ros.observation import RefusalCounter, Refusal, SensorCache, Snapshot, assemble
+from edgefm_ros.sensors.observation import RefusalCounter, Refusal, SensorCache, Snapshot, assemble
 from edgefm_ros.ros.on_demand import OnDemandSubscriptions
 from edgefm_ros.ros.shadow import Shadow, ShadowConfig
 from edgefm_ros.ros.spin import run_node
-from edgefm_ros.ros.worker import Worker
+from edgefm_ros.threads.worker import Worker
 from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.types import RouteDecision
 

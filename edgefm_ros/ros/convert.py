@@ -10,8 +10,8 @@ from sensor_msgs.msg import CompressedImage, Image
 
 from edgefm_ros.msg import ActionChunk as ActionChunkMsg
 from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
-from edgefm_ros.ros.images import decode_compressed, image_to_rgb, rgb_to_image_fields, rgb_view
-from edgefm_ros.ros.observation import Frame
+from edgefm_ros.sensors.camera import decode_compressed, image_to_rgb, rgb_to_image_fields, rgb_view
+from edgefm_ros.sensors.observation import Frame
 from edgefm_ros.types import ActionChunk, RouteDecision
 
 

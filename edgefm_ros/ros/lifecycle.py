@@ -44,7 +44,7 @@ from edgefm_ros.params.spec import NodeConfig
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.params import check_set, declare
-from edgefm_ros.ros.realtime import FifoScope
+from edgefm_ros.threads.realtime import FifoScope
 
 STOP_TIMEOUT_S = 5.0  # a transition waits this long for the node's own threads to end
 SUCCESS, FAILURE, ERROR = (TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE,

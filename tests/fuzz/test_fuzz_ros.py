@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from edgefm_ros.ros.images import CHANNELS, MAX_PIXELS, decode_compressed, encode_jpeg, image_to_rgb
-from edgefm_ros.ros.joints import JointOrder
+from edgefm_ros.sensors.camera import CHANNELS, MAX_PIXELS, decode_compressed, encode_jpeg, image_to_rgb
+from edgefm_ros.sensors.joints import JointOrder
 from skips import require_module
 
 msg = require_module("edgefm_ros.msg", "edgefm_ros.msg is not built (run scripts/setup.sh)")

@@ -13,7 +13,7 @@ RNG = np.random.default_rng()
 def test_made_bag_has_the_streams_at_their_rates(ros, tmp_path, storage):
     from rosbags.rosbag2 import Reader
 
-    from edgefm_ros.ros.images import decode_compressed
+    from edgefm_ros.sensors.camera import decode_compressed
     from edgefm_ros.tools.bag.make import EXTRA_JOINT, MakeConfig, make_bag
     from edgefm_ros.tools.bag.synth import JOINTS
     from edgefm_ros.tools.bag.typestore import make_typestore

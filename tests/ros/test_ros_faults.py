@@ -107,7 +107,7 @@ def test_malformed_messages_do_not_crash_and_produce_nothing(ros, tiny_model, tm
     from edgefm_ros.msg import ActionChunk
     from edgefm_ros.ros import qos
     from edgefm_ros.ros.convert import rgb_to_image_msg, to_stamp
-    from edgefm_ros.ros.images import encode_jpeg
+    from edgefm_ros.sensors.camera import encode_jpeg
     from edgefm_ros.tools.bag.analyze import read_run
     from edgefm_ros.tools.bag.make import published_joint_order
     from edgefm_ros.tools.bag.session import ReplaySession

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgefm_ros.ros.images import decode_compressed, encode_jpeg, image_to_rgb, resize_rgb, rgb_to_image_fields
-from edgefm_ros.ros.joints import JointOrder
-from edgefm_ros.ros.observation import Frame, Refusal, SensorCache, assemble
+from edgefm_ros.sensors.camera import decode_compressed, encode_jpeg, image_to_rgb, resize_rgb, rgb_to_image_fields
+from edgefm_ros.sensors.joints import JointOrder
+from edgefm_ros.sensors.observation import Frame, Refusal, SensorCache, assemble
 from edgefm_ros.types import Observation
 
 RNG = np.random.default_rng()
@@ -71,7 +71,7 @@ def test_jpeg_round_trip_is_close_and_garbage_is_refused():
 def test_compressed_images_declaring_too_many_pixels_or_another_format_are_refused_before_decoding():
     import cv2
 
-    from edgefm_ros.ros.images import MAX_PIXELS
+    from edgefm_ros.sensors.camera import MAX_PIXELS
 
     rgb = _rgb(12, 16)
     png = bytearray(cv2.imencode(".png", rgb)[1].tobytes())

@@ -120,7 +120,7 @@ def test_action_node_puts_the_executor_thread_scheduling_back(ctx):
     from rclpy.lifecycle import TransitionCallbackReturn as R
 
     from edgefm_ros.nodes.action_node import ActionNode
-    from edgefm_ros.ros.realtime import Scheduling, scheduling_of
+    from edgefm_ros.threads.realtime import Scheduling, scheduling_of
 
     node = ActionNode(context=ctx, parameter_overrides=_params(
         joint_names=list(NAMES), command_type="joint_state", command_topic="/cmd_rt", realtime_priority=3))
@@ -280,7 +280,7 @@ def test_vla_node_follows_the_route_and_falls_back_to_the_edge(ctx, tiny_model, 
 
     from edgefm_ros.nodes.vla_node import VlaNode
     from edgefm_ros.ros.convert import msg_to_chunk
-    from edgefm_ros.ros.observation import Frame, SensorCache
+    from edgefm_ros.sensors.observation import Frame, SensorCache
     from edgefm_ros.types import RouteDecision
 
     ckpt, vlm = tiny_model
@@ -326,7 +326,7 @@ def test_sim_node_releases_everything_and_puts_the_executor_scheduling_back(ctx)
     from rclpy.lifecycle import TransitionCallbackReturn as R
 
     from edgefm_ros.nodes.sim_node import SimNode
-    from edgefm_ros.ros.realtime import Scheduling, scheduling_of
+    from edgefm_ros.threads.realtime import Scheduling, scheduling_of
 
     one = dict(episodes=["button-press-topdown:1000"], joint_states_topic="/sim_lc/joint_states",
                instruction_topic="/sim_lc/instruction", command_topic="/sim_lc/command")

@@ -28,7 +28,7 @@ def test_vla_node_passes_prefix_and_delay(ctx, tiny_model):
     from edgefm_ros.control.rtc import continuation
     from edgefm_ros.nodes.vla_node import VlaNode
     from edgefm_ros.ros.convert import msg_to_chunk
-    from edgefm_ros.ros.observation import Frame, SensorCache
+    from edgefm_ros.sensors.observation import Frame, SensorCache
 
     ckpt, vlm = tiny_model
     keys = ["observation.images.camera1", "observation.images.camera2"]

@@ -16,7 +16,7 @@ import numpy as np
 from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 from rosbags.rosbag2 import StoragePlugin, Writer
 
-from edgefm_ros.ros.images import encode_jpeg
+from edgefm_ros.sensors.camera import encode_jpeg
 from edgefm_ros.tools.bag.synth import JOINTS, TASKS, Scene, SceneConfig, joint_positions, joint_velocities
 from edgefm_ros.tools.bag.typestore import make_typestore
 

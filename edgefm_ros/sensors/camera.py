@@ -66,7 +66,7 @@ def declared_size(b: bytes) -> tuple[int, int] | None:
 
 def decode_compressed(fmt: str, data) -> np.ndarray:
     """sensor_msgs/CompressedImage (format, data) -> uint8 (H, W, 3) RGB. JPEG and PNG, at most MAX_PIXELS."""
-    import cv2
+    import cv2  # OpenCV is optional in a pip install (extra "tools"): imported only where an image is coded
 
     buf = np.frombuffer(data, dtype=np.uint8)
     if buf.size == 0:
@@ -88,7 +88,7 @@ def decode_compressed(fmt: str, data) -> np.ndarray:
 
 
 def encode_jpeg(rgb: np.ndarray, quality: int = 90) -> bytes:
-    import cv2
+    import cv2  # optional, as in decode_compressed
 
     if not 1 <= quality <= 100:
         raise ValueError(f"jpeg quality must be in [1, 100], got {quality}")
@@ -101,7 +101,7 @@ def encode_jpeg(rgb: np.ndarray, quality: int = 90) -> bytes:
 
 def resize_rgb(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
     """Bilinear resize of uint8 (H, W, 3) to (height, width, 3) (identity when the size matches)."""
-    import cv2
+    import cv2  # optional, as in decode_compressed
 
     if rgb.shape[:2] == (height, width):
         return rgb

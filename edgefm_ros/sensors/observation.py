@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from edgefm_ros.ros.images import decode_compressed, resize_rgb
+from edgefm_ros.sensors.camera import decode_compressed, resize_rgb
 from edgefm_ros.types import Observation
 
 
