@@ -1,11 +1,11 @@
 """scene_query_node: questions about the scene answered by SmolVLM2 (or a text LLM), on the edge or in the cloud.
 
 Subscribes to ``question_topic`` (std_msgs/String) and the cameras (sensor_msgs/Image or
-CompressedImage, sensor-data QoS). Each question is answered from the latest frames. When
-``router_config`` names a router YAML with VQA candidates, each question is routed edge/cloud
-(``Router.decide(images, question)``); a cloud decision asks the cloud endpoint (``edgefm-cloud serve
---task vqa`` at ``cloud_url``, cloud/client/vqa.py) with the JPEG quality and resolution of the chosen
-candidate, and if no answer comes within ``cloud_timeout_s`` (error, refusal, open circuit breaker, no
+CompressedImage, sensor-data QoS). Each question is answered from the latest frames by placement/vqa.py's
+``SceneAnswerer`` (no ROS). When ``router_config`` names a router YAML with VQA candidates, each question is
+routed edge/cloud (``Router.decide(images, question)``); a cloud decision asks the cloud endpoint
+(``edgefm-cloud serve --task vqa`` at ``cloud_url``, cloud/client/vqa.py) with the JPEG quality and resolution
+of the chosen candidate, and if no answer comes within ``cloud_timeout_s`` (error, refusal, open circuit breaker, no
 ``cloud_url``, a stream that broke or stalled mid-answer) the edge answers instead: source
 ``edge-fallback``. The client's measurements feed the router's link estimator; until a cloud call
 succeeded, background link probes (``probe_period_s``: an upload to the endpoint's /edgefm/probe) give
@@ -32,18 +32,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 
-from edgefm_ros.cloud.client.base import ClientConfig, CloudError, read_token
-from edgefm_ros.cloud.client.vqa import VqaClient
-from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.cloud.probe import prober_for
-from edgefm_ros.cloud.tasks.vqa import vqa_messages
 from edgefm_ros.params.scene_query import SceneQueryConfig
+from edgefm_ros.placement.vqa import SceneAnswer, SceneAnswerer, load_engine, make_cloud_client
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.sensors.camera import decode_compressed, image_to_rgb
@@ -58,119 +55,6 @@ PARAMS = SceneQueryConfig.PARAMS
 def make_config(values) -> SceneQueryConfig:
     """The config from parameter values (defaults for the missing ones); ValueError naming a bad value."""
     return SceneQueryConfig.from_values(values)
-
-
-@dataclass(frozen=True)
-class SceneAnswer:
-    text: str
-    source: str  # "edge" | "cloud" | "edge-fallback"
-    target: str  # the router's choice: "edge" | "cloud" ("edge" without a router)
-    candidate: str  # the router's candidate ("" without a router)
-    reason: str  # the router's reason, or why there was no decision
-    fallback: str  # why the cloud did not answer ("" unless source is edge-fallback)
-    seconds: float  # question taken -> answer ready
-    cloud_s: float  # spent on the cloud call (0: none made)
-    tokens: int  # generated tokens of the answer that was published
-
-
-class SceneAnswerer:
-    """Question + latest frames -> answer, on the edge or in the cloud (both streamed); no ROS inside.
-    ``prober``: cloud/probe.LinkProber feeding the router's link estimate (polled from this thread)."""
-
-    def __init__(self, engine, cfg: SceneQueryConfig, router=None, cloud=None, prober=None):
-        self.engine, self.cfg, self.router, self.cloud, self.prober = engine, cfg, router, cloud, prober
-
-    def poll_link(self) -> None:
-        """Applies a finished link probe and starts one when due (never blocks)."""
-        if self.prober is not None:
-            self.prober.poll()
-
-    def route(self, frames: dict, question: str) -> tuple[str, str, str, dict]:
-        """(target, candidate, reason, params) of the router's decision ("edge" when there is none)."""
-        if self.router is None or not frames:
-            return "edge", "", "no router" if self.router is None else "no frames", {}
-        self.poll_link()
-        if self.cfg.static_bandwidth_mbps > 0:
-            nbytes = 1_000_000
-            self.router.link.observe(nbytes, nbytes * 8 / (self.cfg.static_bandwidth_mbps * 1e6),
-                                     self.cfg.static_rtt_s, time.monotonic())
-        d = self.router.decide(frames, question)
-        return d.target, d.candidate, d.reason, dict(d.params)
-
-    def ask_cloud(self, question: str, frames: dict, params: dict, on_partial=None):
-        """(VqaAnswer, "") from the cloud, or (None, why not); streamed to ``on_partial`` when cloud_stream."""
-        if self.cloud is None:
-            return None, "no cloud_url"
-        kw = dict(encoding=Encoding.from_params(params), system=self.cfg.system_prompt or None,
-                  max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature)
-        images, timeout = list(frames.values()), self.cfg.cloud_timeout_s
-        try:
-            if self.cfg.cloud_stream and on_partial is not None and hasattr(self.cloud, "ask_stream"):
-                return self.cloud.ask_stream(question, images, timeout, on_partial=on_partial, **kw), ""
-            return self.cloud.ask(question, images, timeout, **kw), ""
-        except CloudError as e:
-            return None, f"{e.reason}: {e}"
-        except ValueError as e:  # the question or an image could not be encoded
-            return None, f"client_error: {e}"
-
-    def answer_on_edge(self, question: str, frames: dict, on_partial):
-        from edgefm_ros.runtime.generate import SamplingConfig  # the LLM stack: loaded with the model
-
-        images = list(frames.values()) if self.engine.vlm is not None else []
-        parts: list[str] = []
-
-        def stream(tok, delta):
-            if delta:
-                parts.append(delta)
-                on_partial("".join(parts))
-
-        s = SamplingConfig(max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature)
-        messages = vqa_messages(question, len(images), self.cfg.system_prompt or None)
-        return self.engine.generate(messages, s, stream, images or None)
-
-    def answer(self, question: str, frames: dict, on_partial) -> SceneAnswer:
-        """The answer and where it came from; ``on_partial(text_so_far)`` as it grows (edge tokens, cloud
-        stream events; after a cloud failure mid-answer the edge's text starts over)."""
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"question must be non-empty text, got {question!r}")
-        t0 = time.perf_counter()
-        target, candidate, reason, params = self.route(frames, question)
-        fallback, cloud_s = "", 0.0
-        if target == "cloud":
-            t1 = time.perf_counter()
-            got, fallback = self.ask_cloud(question, frames, params, on_partial)
-            cloud_s = time.perf_counter() - t1
-            if got is not None:
-                return SceneAnswer(got.text.strip(), "cloud", target, candidate, reason, "",
-                                   time.perf_counter() - t0, cloud_s, len(got.tokens))
-        out = self.answer_on_edge(question, frames, on_partial)
-        source = "edge-fallback" if target == "cloud" else "edge"
-        return SceneAnswer(out.text.strip(), source, target, candidate, reason, fallback, time.perf_counter() - t0,
-                           cloud_s, len(out.tokens))
-
-
-def load_engine(cfg: SceneQueryConfig):
-    # torch and the LLM stack are loaded here, when a model is: an injected engine (tests) needs neither
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
-    from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
-
-    ec = LlmEngineConfig(mode=cfg.mode, kv_codec=cfg.kv_codec or None, capacity=cfg.capacity)
-    if cfg.model_dir:
-        engine = LlmEngine.from_dir(cfg.model_dir, ec)
-    else:
-        engine = LlmEngine.from_gguf(cfg.gguf or smollm2_gguf_path(), ec)
-    if cfg.prefix_path:
-        engine.load_prefix(cfg.prefix_path)
-    return engine
-
-
-def make_cloud_client(cfg: SceneQueryConfig, link=None):
-    """The cloud scene-question client when ``cloud_url`` is set, else None; the bearer token comes
-    from ``cloud_token_file``, else $EDGEFM_CLOUD_TOKEN."""
-    if not cfg.cloud_url:
-        return None
-    return VqaClient(cfg.cloud_url, read_token(cfg.cloud_token_file), link=link, ca_file=cfg.cloud_ca_file or None,
-                     config=ClientConfig.for_task("vqa", model_name=cfg.cloud_model))
 
 
 class SceneQueryNode(ManagedNode):

@@ -9,10 +9,10 @@ one-slot buffer that the worker turns into an Observation (or refuses: stale, mi
 frames are not taken by the executor: their subscriptions keep the newest frame of each camera, which the
 worker takes when it serves a request (ros/on_demand.py), so the frames a chunk does not use are never
 deserialised or converted.
-The router's latest decision picks edge or cloud; control/placement.py runs the request there (the cloud falls
+The router's latest decision picks edge or cloud; placement/vla.py runs the request there (the cloud falls
 back to the edge on any error or a missed deadline: "edge-fallback"), with real-time chunking's prefix and delay
-on every placement, and in shadow mode (``shadow_fraction`` > 0, ros/shadow.py) a share of routed requests on
-the other placement too, after publishing, logging both results for calibration. This node gathers the
+on every placement, and in shadow mode (``shadow_fraction`` > 0, placement/shadow.py) a share of routed requests
+on the other placement too, after publishing, logging both results for calibration. This node gathers the
 observation, the route decision and the queue state, publishes the chunk and reports diagnostics.
 """
 from __future__ import annotations
@@ -28,12 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import Float64MultiArray, String
+from std_msgs.msg import String
 
 from edgefm_ros.cloud.client.base import read_token
 from edgefm_ros.cloud.client.policy import CloudPolicy, RemotePolicy
-from edgefm_ros.control.delay import DelayEstimator
-from edgefm_ros.control.placement import Computed, Placement, PlacementConfig, Rejected
 from edgefm_ros.control.request import ChunkRequester
 from edgefm_ros.control.rtc import ChunkContinuation
 from edgefm_ros.control.slot import LatestSlot
@@ -42,14 +40,16 @@ from edgefm_ros.msg import ActionChunk as ActionChunkMsg
 from edgefm_ros.msg import QueueStatus
 from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
 from edgefm_ros.params.vla import VlaNodeConfig
+from edgefm_ros.placement.shadow import Shadow, make_shadow
+from edgefm_ros.placement.vla import Computed, Placement, Rejected, make_placement
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.convert import chunk_to_msg, msg_to_frame, msg_to_route, to_sec
 from edgefm_ros.sensors.joints import JointOrder
 from edgefm_ros.ros.lifecycle import ManagedNode
+from edgefm_ros.ros.link_samples import LinkSamples
 from edgefm_ros.sensors.observation import RefusalCounter, Refusal, SensorCache, Snapshot, assemble
 from edgefm_ros.ros.on_demand import OnDemandSubscriptions
-from edgefm_ros.ros.shadow import Shadow, ShadowConfig
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.threads.worker import Worker
 from edgefm_ros.runtime.engine import Engine
@@ -59,31 +59,6 @@ from edgefm_ros.types import RouteDecision
 def _expand(path: str) -> str | None:
     """~ and $VARS expanded; None for an empty path."""
     return os.path.expanduser(os.path.expandvars(path)) if path else None
-
-
-class LinkSamples:
-    """The cloud client's link observer: each call's measurements go to router_node as a
-    Float64MultiArray [upload_bytes, upload_s, rtt_s] ([] for a failed call)."""
-
-    def __init__(self, publisher):
-        self.publisher = publisher
-
-    def observe(self, upload_bytes: int, upload_s: float, rtt_s: float, now: float) -> None:
-        self.publisher.publish(Float64MultiArray(data=[float(upload_bytes), float(upload_s), float(rtt_s)]))
-
-    def observe_failure(self, now: float) -> None:
-        self.publisher.publish(Float64MultiArray(data=[]))
-
-
-def make_shadow(cfg: VlaNodeConfig, engine) -> Shadow | None:
-    """Shadow mode's sampler and logger when shadow_fraction > 0, else None; the action std of the
-    checkpoint is the quality's per-joint scale."""
-    if cfg.shadow_fraction <= 0:
-        return None
-    scfg = ShadowConfig(cfg.shadow_fraction, _expand(cfg.shadow_log), cfg.shadow_tolerance,
-                        cfg.shadow_edge_candidate, cfg.shadow_cloud_candidate)
-    std = engine.ckpt.stats.action_std.detach().cpu().numpy()  # (action_dim,)
-    return Shadow(scfg, std, len(cfg.camera_keys))
 
 
 class VlaNode(ManagedNode):
@@ -137,7 +112,7 @@ class VlaNode(ManagedNode):
         self.cache.put_task(c.default_task, 0.0)
         self._image_hw = {k: (s[1], s[2]) for k, s in spec.image_shapes.items()}
         if self.remote is None and c.cloud_url:  # the bearer token from $EDGEFM_CLOUD_TOKEN, as for edgefm-cloud
-            link = LinkSamples(self.create_publisher(Float64MultiArray, c.link_sample_topic, qos.RELIABLE))
+            link = LinkSamples.on(self, c.link_sample_topic)
             self.remote = CloudPolicy(c.cloud_url, read_token(), link=link, joint_names=c.action_names)
             self._own_remote = True
         self._chunk_pub = self.create_lifecycle_publisher(ActionChunkMsg, c.chunk_topic, qos.RELIABLE)
@@ -157,12 +132,8 @@ class VlaNode(ManagedNode):
         if self._shadow is not None:
             log.info(f"shadow mode: {c.shadow_fraction:g} of routed requests also run on the other placement; "
                      f"log {self._shadow.cfg.log}")
-        # real-time chunking: the last chunk sent and the delay estimate (None: off)
-        rtc = ChunkContinuation(DelayEstimator(c.delay(spec.chunk_size), 1.0 / c.action_rate_hz),
-                                spec.chunk_size) if c.rtc_enabled else None
-        self._placement = Placement(self.engine, PlacementConfig(1.0 / c.action_rate_hz, c.cloud_deadline_s,
-                                                                 self._run_id),
-                                    rtc=rtc, shadow=self._shadow, lat=self.lat, log=self._placement_log)
+        # edge/cloud/fallback/shadow, and real-time chunking's state (the last chunk sent, the delay estimate)
+        self._placement = make_placement(self.engine, c, self._run_id, self._shadow, self.lat, self._placement_log)
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         t0 = time.perf_counter()
@@ -334,7 +305,7 @@ class VlaNode(ManagedNode):
         return seq
 
     def _placement_log(self, kind: str, message: str) -> None:
-        """control/placement.py's messages; rclpy throttles per call site, so each kind has its own line."""
+        """placement/vla.py's messages; rclpy throttles per call site, so each kind has its own line."""
         log = self.get_logger()
         if kind == "shadow_log":
             log.error(message, throttle_duration_sec=5.0)
@@ -376,13 +347,8 @@ class VlaNode(ManagedNode):
             v.update({f"cloud_{k}": x for k, x in self.remote.stats().items()})
         if self._shadow is not None:
             v.update(self._shadow.stats())
-        p = self._placement
-        if p is not None and p.rtc is not None:
-            r = p.last_rtc
-            v.update({"rtc_chunks": p.rtc_chunks, "rtc_delay_ticks": r.delay if r is not None else 0,
-                      "rtc_prefix_rows": r.prefix.shape[0] if r is not None else 0,
-                      "rtc_latency_estimate_ms": p.rtc_estimate[0] * 1e3,
-                      "rtc_delay_estimate_ticks": p.rtc_estimate[1]})
+        if self._placement is not None:
+            v.update(self._placement.rtc_stats())
         if self._cameras is not None:
             self._cameras.take()  # live camera ages while no chunk is asked for
             v["frames_taken"] = self._cameras.taken

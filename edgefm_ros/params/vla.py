@@ -60,7 +60,7 @@ class VlaNodeConfig(NodeConfig, node="vla_node"):
     link_sample_topic: str = param(topics.LINK_SAMPLE, "Output: std_msgs/Float64MultiArray [upload_bytes, "
                                    "upload_s, rtt_s] per cloud call ([] when it failed), for router_node's link "
                                    "estimate.")
-    # Shadow mode (off by default; node half: ros/shadow.py, definition: routing/shadow.py). Quality of the
+    # Shadow mode (off by default; placement/shadow.py, quality: routing/chunk_quality.py). Quality of the
     # edge's chunk a (chunk, action_dim) against the cloud's chunk r for the SAME observation and noise:
     #   e = sqrt(mean_{t,j} ((a[t,j] - r[t,j]) / std[j])^2),  quality = exp(-(e / shadow_tolerance)^2),
     # std = the checkpoint's action std (unnormaliser stats); the cloud (the reference) scores 1.
@@ -70,7 +70,7 @@ class VlaNodeConfig(NodeConfig, node="vla_node"):
                                    "shadow_log for `edgefm-router calibrate --log`. Quality: the cloud's chunk is "
                                    "the reference (1); the edge's chunk scores exp(-(e / shadow_tolerance)^2), e = "
                                    "RMS of (edge - cloud) / action std over the chunk (edgefm_ros/routing/"
-                                   "shadow.py). 0: off. Needs cloud_url.", range=(0.0, 1.0))
+                                   "chunk_quality.py). 0: off. Needs cloud_url.", range=(0.0, 1.0))
     shadow_log: str = param("", "Shadow mode's JSONL log (appended; ~ and $VARS expanded); required when "
                             "shadow_fraction > 0.")
     shadow_tolerance: float = param(0.5, "Shadow quality: the RMS error, in action standard deviations, that "

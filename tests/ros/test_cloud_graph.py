@@ -1,8 +1,8 @@
 """The cloud tier in the ROS graph: the real server (``edgefm-cloud serve``: MLServer + nginx) on loopback,
 the real vla_node / action_node / router_node processes, a replayed bag. Cloud chunks arrive and are
 recorded; the server is killed mid-run and chunks keep coming from the edge while the control loop stays
-on time; shadow mode's log holds exact-parity pairs that the calibration code reads. Also the node half
-of shadow mode (edgefm_ros/ros/shadow.py) on its own, without ROS."""
+on time; shadow mode's log holds exact-parity pairs that the calibration code reads (shadow mode on its own,
+without ROS: tests/placement/test_shadow.py)."""
 from __future__ import annotations
 
 import json
@@ -17,73 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgefm_ros.routing.features import FEATURE_NAMES
 from replay_helpers import (COMMAND_TOPIC, assert_at_rate, assert_demo_at_rate, graph_nodes, node_params, realtime_applied,
                             realtime_expected, record_topics, with_router)
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_DEMO = REPO / "config" / "router_demo.yaml"
 sys.path.insert(0, str(REPO / "tests" / "cloud"))  # cloud_support: the server process helper
-
-
-def _decision(target: str, rng):
-    from edgefm_ros.types import RouteDecision
-
-    return RouteDecision(target, f"{target}-routed", "test", stamp=float(rng.uniform(0, 100)),
-                         feature_names=FEATURE_NAMES, features=tuple(rng.uniform(0, 1, len(FEATURE_NAMES))),
-                         bandwidth_mbps=float(rng.uniform(20, 200)), rtt_s=0.01)
-
-
-def test_shadow_pairs_are_scored_against_the_cloud_and_named(tmp_path):
-    from edgefm_ros.ros.shadow import PlacementRun, Shadow, ShadowConfig
-    from edgefm_ros.routing.log import read_log
-    from edgefm_ros.routing.shadow import chunk_quality
-
-    rng = np.random.default_rng()
-    std = rng.uniform(0.5, 2.0, 6)
-    cfg = ShadowConfig(1.0, str(tmp_path / "s.jsonl"), 0.5, "edge-x", "cloud-x")
-    shadow = Shadow(cfg, std, n_cameras=2)
-    cloud = rng.normal(size=(8, 6)).astype(np.float32)
-    edge = (cloud + rng.normal(0, 0.1, cloud.shape)).astype(np.float32)
-    d_edge, d_cloud = _decision("edge", rng), _decision("cloud", rng)
-    assert shadow.record("a", d_edge, PlacementRun("edge", edge, 0.05), PlacementRun("cloud", cloud, 0.09, 1234))
-    assert shadow.record("b", d_cloud, PlacementRun("cloud", cloud, 0.08, 999), PlacementRun("edge", edge, 0.04))
-    # a failed cloud run (fallback, or a failed shadow call) leaves no reference: nothing is logged
-    assert not shadow.record("c", d_cloud, PlacementRun("edge", edge, 0.04), PlacementRun("cloud", None, 0.5))
-    shadow.close()
-    recs = read_log(cfg.log)
-    assert [(r.request_id, r.placement, r.served) for r in recs] == [
-        ("a", "edge", True), ("a", "cloud", False), ("b", "cloud", True), ("b", "edge", False)]
-    # served: the routed candidate; shadow: the configured one
-    assert [r.candidate for r in recs] == ["edge-routed", "cloud-x", "cloud-routed", "edge-x"]
-    want = chunk_quality(edge, cloud, std, 0.5)
-    assert 0 < want < 1
-    assert [r.quality for r in recs] == pytest.approx([want, 1.0, 1.0, want])
-    assert recs[1].upload_bytes == 1234 and recs[0].features == pytest.approx(d_edge.features, abs=1e-6)
-    assert shadow.logged == 2 and shadow.skipped["cloud_failed"] == 1
-
-
-def test_shadow_samples_its_fraction_and_rejects_bad_config(tmp_path):
-    from edgefm_ros.ros.shadow import Shadow, ShadowConfig
-    from edgefm_ros.types import RouteDecision
-
-    rng = np.random.default_rng()
-    frac = float(rng.uniform(0.2, 0.8))
-    shadow = Shadow(ShadowConfig(frac, str(tmp_path / "s.jsonl")), np.ones(6), 1)
-    d = _decision("edge", rng)
-    hits = sum(shadow.wants(d) for _ in range(4000))
-    assert abs(hits / 4000 - frac) < 0.04
-    assert not shadow.wants(None)  # unrouted requests have no features to log
-    assert not shadow.wants(RouteDecision("edge", "e", "r")) and shadow.skipped["no_features"] == 1
-    n = shadow.noise((8, 32))
-    assert n.dtype == np.float32 and n.shape == (8, 32) and abs(float(n.std()) - 1) < 0.2
-    shadow.close()
-    with pytest.raises(ValueError, match="fraction"):
-        ShadowConfig(1.5, "x")
-    with pytest.raises(ValueError, match="log"):
-        ShadowConfig(0.1, "")
-    with pytest.raises(ValueError, match="tolerance"):
-        ShadowConfig(0.1, "x", tolerance=0.0)
 
 
 def test_vla_params_shadow_needs_cloud_and_log():

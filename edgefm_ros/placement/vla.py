@@ -1,9 +1,10 @@
 """Where a chunk is computed: on the edge engine, or on the cloud (a RemotePolicy) with a fallback to the
-edge, and in shadow mode also on the other placement; real-time chunking's prefix and delay go the same way
-to each. No ROS: vla_node gathers the observation, the route decision and the queue state, calls this,
+edge, and in shadow mode (shadow.py) also on the other placement; real-time chunking's prefix and delay go
+the same way to each. vla_node gathers the observation, the route decision and the queue state, calls this,
 publishes what it returns and reports diagnostics.
 
     placer = Placement(engine, PlacementConfig(dt=0.1, cloud_deadline_s=0.25), rtc=continuation, shadow=shadow)
+    # or, from vla_node's parameters: make_placement(engine, cfg, run_id, shadow, lat, log)
     out = placer.compute(obs, decision, seq, remote, queue_empty)  # Rejected: the model refused obs
     # out is None when ``active()`` turned False before the edge ran (stopping: no fallback)
     ... publish out.chunk as out.source ("edge", "cloud" or "edge-fallback"), stamped by the caller ...
@@ -22,31 +23,20 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
 from edgefm_ros.cloud.images import Encoding
+from edgefm_ros.control.delay import DelayEstimator
 from edgefm_ros.control.rtc import ChunkContinuation, RtcRequest
 from edgefm_ros.control.stats import RollingStats
+from edgefm_ros.params.vla import VlaNodeConfig
+from edgefm_ros.placement.runs import PlacementRun
+from edgefm_ros.placement.shadow import ShadowSink
 from edgefm_ros.types import ActionChunk, Observation, RouteDecision
 
-PLACEMENTS = ("edge", "cloud")
 LAT_KEYS = ("prefill", "decode", "compute", "cloud_call")
-
-
-@dataclass(frozen=True)
-class PlacementRun:
-    """One placement's run for a request."""
-
-    placement: str  # "edge" | "cloud"
-    actions: np.ndarray | None  # float32 (chunk, action_dim); None when the run failed
-    latency_s: float  # measured: request start -> chunk (seconds)
-    upload_bytes: int = 0  # the images sent (cloud)
-
-    def __post_init__(self) -> None:
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"PlacementRun.placement must be one of {PLACEMENTS}, got {self.placement!r}")
 
 
 @dataclass(frozen=True)
@@ -60,18 +50,6 @@ class PlacementConfig:
             raise ValueError(f"PlacementConfig.dt must be > 0, got {self.dt!r}")
         if not (math.isfinite(self.cloud_deadline_s) and self.cloud_deadline_s > 0):
             raise ValueError(f"PlacementConfig.cloud_deadline_s must be > 0, got {self.cloud_deadline_s!r}")
-
-
-class ShadowSink(Protocol):
-    """What shadow mode needs (ros/shadow.py's Shadow is one)."""
-
-    skipped: dict  # Counter of requests not logged, by reason
-
-    def wants(self, decision: RouteDecision | None) -> bool: ...
-
-    def noise(self, shape: tuple[int, int]) -> np.ndarray: ...
-
-    def record(self, request_id: str, decision: RouteDecision, served: PlacementRun, other: PlacementRun) -> bool: ...
 
 
 class Rejected(Exception):
@@ -229,3 +207,25 @@ class Placement:
         except (ValueError, OSError) as e:
             self.shadow.skipped["log_error"] += 1
             self.log("shadow_log", f"shadow log: {e}")
+
+    def rtc_stats(self) -> dict[str, object]:
+        """Real-time chunking's diagnostics values ({} when off): chunks published with a prefix, the last
+        request's delay and prefix rows, the estimate after the last published chunk."""
+        if self.rtc is None:
+            return {}
+        r = self.last_rtc
+        return {"rtc_chunks": self.rtc_chunks, "rtc_delay_ticks": r.delay if r is not None else 0,
+                "rtc_prefix_rows": r.prefix.shape[0] if r is not None else 0,
+                "rtc_latency_estimate_ms": self.rtc_estimate[0] * 1e3,
+                "rtc_delay_estimate_ticks": self.rtc_estimate[1]}
+
+
+def make_placement(engine, cfg: VlaNodeConfig, run_id: str, shadow: ShadowSink | None = None,
+                   lat: dict[str, RollingStats] | None = None,
+                   log: Callable[[str, str], None] = _log_nothing) -> Placement:
+    """vla_node's Placement from its parameters: the control period, the cloud deadline, real-time chunking
+    (the last chunk sent and the delay estimate) when ``rtc_enabled``."""
+    dt, chunk_size = 1.0 / cfg.action_rate_hz, engine.spec.chunk_size
+    rtc = ChunkContinuation(DelayEstimator(cfg.delay(chunk_size), dt), chunk_size) if cfg.rtc_enabled else None
+    return Placement(engine, PlacementConfig(dt, cfg.cloud_deadline_s, run_id), rtc=rtc, shadow=shadow, lat=lat,
+                     log=log)

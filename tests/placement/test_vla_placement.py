@@ -1,4 +1,4 @@
-"""control/placement.py without ROS: edge, cloud, fallback to the edge (late, raising, malformed, no client),
+"""placement/vla.py without ROS: edge, cloud, fallback to the edge (late, raising, malformed, no client),
 shadow runs of the other placement with the same noise and RTC request, and RTC's prefix and delay given
 identically to the edge engine and the remote policy. A real tiny Engine (random weights); the remote side
 is a test double of the RemotePolicy protocol (the real server path: tests/ros/test_cloud_graph.py)."""
@@ -14,8 +14,11 @@ import pytest
 from edgefm_ros.cloud.client.policy import RemotePolicy
 from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.control.delay import DelayConfig, DelayEstimator
-from edgefm_ros.control.placement import Placement, PlacementConfig, PlacementRun, Rejected
 from edgefm_ros.control.rtc import ChunkContinuation, continuation
+from edgefm_ros.placement.runs import PlacementRun
+from edgefm_ros.placement.vla import Placement, PlacementConfig, Rejected
+from edgefm_ros.runtime.engine import Engine
+from edgefm_ros.training.random_checkpoint import make_checkpoint
 from edgefm_ros.types import Observation, RouteDecision
 
 DT = 0.1
@@ -25,9 +28,6 @@ RNG = np.random.default_rng()
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from edgefm_ros.runtime.engine import Engine
-    from edgefm_ros.tools.make_checkpoint import make_checkpoint
-
     out = make_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", "tiny", cameras=2, raw_hw=(32, 32), dim=4)
     return Engine.from_checkpoint(out, threads=1)
 
