@@ -31,7 +31,7 @@ BAG_BYTES = 200e6  # raw frames in the looping bag at most (a 3x480x640 bag loop
 
 
 def parse(argv=None) -> argparse.Namespace:
-    from edgefm_ros.runtime.modes import MODES
+    from edgefm_ros.dispatch.modes import MODES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), help="realtime: issue 15's check (fast mode, threshold "
@@ -111,9 +111,9 @@ def main() -> int:
     a = parse()
     from edgefm_ros.tools.bag.analyze import command_timing, read_run
     from edgefm_ros.tools.bag.make import MakeConfig, camera_topics, make_bag
-    from edgefm_ros.tools.bag.session import OUTPUT_TOPICS, ReplaySession
+    from edgefm_ros.tools.graph import OUTPUT_TOPICS, ReplaySession
     from edgefm_ros.tools.bag.synth import JOINTS
-    from edgefm_ros.tools.demo import choose_model, model_spec
+    from edgefm_ros.tools.graph import choose_model, model_spec
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig, SamplingConfig
-from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
-from edgefm_ros.runtime.modes import MODES
+from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig, SamplingConfig
+from edgefm_ros.generation.gguf_loader import smollm2_gguf_path
+from edgefm_ros.dispatch.modes import MODES
 
 DEFAULT_DRAFT = str(Path(__file__).resolve().parents[1] / "config" / "drafts" / "smollm2-135m-eagle3.safetensors")
 
@@ -127,7 +127,7 @@ def bench_speculative(engine, draft, prompts, new_tokens: int, k: int, tree, tem
     Speedup = decode tokens/s (first token to last) over plain decoding's in the same mode; greedy
     outputs are checked token for token. Sampled runs use one seed per prompt for every contender.
     """
-    from edgefm_ros.runtime.speculative import SpeculativeDecoder, TreeShape, rank_accept
+    from edgefm_ros.generation.speculative import SpeculativeDecoder, TreeShape, rank_accept
 
     decoders = {"chain": SpeculativeDecoder(engine, draft, k), "tree": SpeculativeDecoder(engine, draft, tree=tree)}
     modes = {"greedy": dict(), f"sampled_T{temperature}": dict(temperature=temperature)}
@@ -238,8 +238,8 @@ def main(argv=None) -> int:
         res["prefix_cache"] = bench_prefix(engine, (128, 256, 512), args.runs)
         print(json.dumps(res["prefix_cache"]), flush=True)
     if "spec" not in args.skip:
-        from edgefm_ros.runtime.speculative import build_draft, draft_ops, draft_tree, load_draft
-        from edgefm_ros.tools.train_draft import Recipe, held_out_prompts, train_draft
+        from edgefm_ros.generation.speculative import build_draft, draft_ops, draft_tree, load_draft
+        from edgefm_ros.training.speculative_draft import Recipe, held_out_prompts, train_draft
 
         # separate prefill/decode builds: the decode GEMMs then see only the row counts 1 / k+1 / nodes+1
         # and keep their packed layouts (kernels/gemm.py keeps 4 per weight; prompts of new lengths

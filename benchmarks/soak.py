@@ -33,7 +33,7 @@ from edgefm_ros.housekeeping import shm
 from edgefm_ros.housekeeping.soak import SoakRules, growth, judge, proc_sample, svg
 from edgefm_ros.sim.paths import default_checkpoint
 from edgefm_ros.sim.tasks import EVAL_SEEDS
-from edgefm_ros.tools.launch_cycles import STARTED
+from edgefm_ros.tools.graph import STARTED
 from edgefm_ros.tools.sim_ros import COMMAND_TOPIC, LoopGraph, episode_windows, graph_params
 
 NODES = ("sim_node", "vla_node", "action_node")

@@ -16,8 +16,9 @@ import sys
 from edgefm_ros.cloud.client.base import TOKEN_ENV, read_token
 from edgefm_ros.cloud.server.settings import ServeConfig
 from edgefm_ros.cloud.tasks import TASKS
+from edgefm_ros.housekeeping.cli import cli_main
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
-from edgefm_ros.runtime.modes import MODES
+from edgefm_ros.dispatch.modes import MODES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,14 +82,11 @@ def config_from_args(args) -> ServeConfig:
         nginx=args.nginx, config_dir=args.config_dir, ready_timeout_s=args.ready_timeout)
 
 
+@cli_main("edgefm-cloud", subcommands=True, errors=(OSError,))  # a bad option or token file: one line, exit 2
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     args = _parser().parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-    except (ValueError, OSError) as e:
-        logging.getLogger("edgefm_ros.cloud.cli").error("%s", e)
-        return 2
+    cfg = config_from_args(args)
     from edgefm_ros.cloud.server.serve import serve
 
     return serve(cfg)

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from edgefm_ros.housekeeping.cli import cli_main
+
 SHM_DIR = Path("/dev/shm")
 SEGMENT = re.compile(r"^fastrtps_[0-9a-z]{16}$")
 PORT = re.compile(r"^fastrtps_port\d{1,5}$")
@@ -265,6 +267,7 @@ def _without_bootstrap_guard() -> dict:
     return {k: v for k, v in os.environ.items() if k != "_ROS_WHEELS_BOOTSTRAP_COMPLETE"}
 
 
+@cli_main("edgefm-shm-clean")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="edgefm-shm-clean", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=str(SHM_DIR), help="shared-memory directory (default /dev/shm)")

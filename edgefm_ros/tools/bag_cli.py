@@ -9,8 +9,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import signal
 import sys
+import time
+
+from rosbags.rosbag2 import Reader
+
+from edgefm_ros.datasets.convert import ConvertConfig, convert_bags
+from edgefm_ros.datasets.mapping import DatasetMapping, load_mapping, parse_camera_arg
+from edgefm_ros.datasets.progress import ProgressPrinter
+from edgefm_ros.datasets.video import VideoConfig
+from edgefm_ros.housekeeping.cli import cli_main
+from edgefm_ros.tools.bag.make import MakeConfig, make_bag
+from edgefm_ros.tools.bag.play import Player, PlayConfig, parse_remap
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,8 +98,6 @@ def _ros_args() -> list[str]:
 
 
 def _make(a) -> int:
-    from edgefm_ros.tools.bag.make import MakeConfig, make_bag
-
     cfg = MakeConfig(a.out, a.duration, a.cameras, a.width, a.height, a.camera_hz, a.joint_hz, a.transport,
                      a.jpeg_quality, a.storage, a.tasks, seed=a.seed)
     counts = make_bag(cfg)
@@ -97,11 +108,11 @@ def _make(a) -> int:
 
 
 def _play(a) -> int:
+    # ROS only for play and record: make, info and to-dataset run without it
     import rclpy
     from rclpy.signals import SignalHandlerOptions
 
     from edgefm_ros.ros.spin import ShutdownRequest
-    from edgefm_ros.tools.bag.play import Player, PlayConfig, parse_remap
 
     cfg = PlayConfig(a.bag, a.rate, a.loop, parse_remap(a.remap), tuple(a.topics), not a.no_restamp,
                      a.start_offset)
@@ -122,6 +133,7 @@ def _play(a) -> int:
 
 
 def _record(a) -> int:
+    # ROS only for play and record (as in _play)
     import rclpy
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
     from rclpy.signals import SignalHandlerOptions
@@ -153,8 +165,6 @@ def _record(a) -> int:
 
 
 def _info(a) -> int:
-    from rosbags.rosbag2 import Reader
-
     with Reader(a.bag) as r:
         print(f"{a.bag}: {r.duration * 1e-9:.2f}s, {r.message_count} messages")
         for c in r.connections:
@@ -163,15 +173,6 @@ def _info(a) -> int:
 
 
 def _to_dataset(a) -> int:
-    import dataclasses
-    import signal
-    import time
-
-    from edgefm_ros.datasets.convert import ConvertConfig, convert_bags
-    from edgefm_ros.datasets.mapping import DatasetMapping, load_mapping, parse_camera_arg
-    from edgefm_ros.datasets.progress import ProgressPrinter
-    from edgefm_ros.datasets.video import VideoConfig
-
     m = load_mapping(a.map) if a.map else DatasetMapping()
     joints = lambda s: tuple(j.strip() for j in s.split(",") if j.strip())  # noqa: E731
     for name in ("state", "action"):
@@ -198,6 +199,7 @@ def _to_dataset(a) -> int:
     return 0
 
 
+@cli_main("edgefm-bag", subcommands=True)
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--ros-args" in argv:
@@ -211,9 +213,6 @@ def main(argv: list[str] | None = None) -> int:
         # is lost, the bag is not; stdout goes nowhere so that the exit does not fail on it again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, FileNotFoundError) as e:
-        print(f"edgefm-bag {a.cmd}: error: {e}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

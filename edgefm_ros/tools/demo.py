@@ -1,5 +1,11 @@
-"""edgefm-demo --bag [BAG]: the whole node graph on a replayed bag, end to end, on this machine. Without
-``--bag``, edgefm-demo is the closed loop in simulation (tools/sim_demo.py).
+"""edgefm-demo: the whole system end to end on this machine, as one of two subcommands.
+
+    edgefm-demo sim [--checkpoint DIR] [--tasks T1,T2] [--seeds A-B] [--out DIR] [--delay-ms N] [--no-video]
+        the simulated arm doing tasks in a closed loop through the node graph (tools/sim_demo.py)
+    edgefm-demo bag [BAG] [--checkpoint DIR] [--cloud [--shadow F]] [--out DIR] ...
+        the node graph on a replayed bag (below)
+
+``edgefm-demo bag [BAG]``:
 
 1. the model: ``--checkpoint`` if given, else the demo checkpoint (``edgefm-vla make-checkpoint``: SmolVLA's
    architecture with deterministic RANDOM weights) made once into a cache dir, else the tiny reference
@@ -24,131 +30,25 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 
+from edgefm_ros.housekeeping.cli import cli_main
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
-from edgefm_ros.tools.bag.synth import JOINTS
+from edgefm_ros.routing.log import read_log
+from edgefm_ros.tools import sim_demo
+from edgefm_ros.tools.bag.analyze import command_timing, percentiles, read_run
+from edgefm_ros.tools.bag.make import MakeConfig, make_bag
+from edgefm_ros.tools.graph import (COMMAND_TOPIC, OUTPUT_TOPICS, Cloud, Model, ReplaySession, choose_model,
+                                    model_spec, node_params, router_available)
 
-COMMAND_TOPIC = "/edgefm/command"
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 SOURCES = ("cloud", "edge", "edge-fallback")
-DEMO_LINK_MBPS = 100.0  # router_node's static link in --cloud mode (a good LAN/Wi-Fi link)
-
-
-@dataclass(frozen=True)
-class Model:
-    checkpoint: str
-    vlm_dir: str  # "" when the checkpoint resolves its own
-    origin: str  # how it was chosen, for the summary
-    random_weights: bool
-    vision_position_ids: str = "auto"  # --vision-position-ids, passed to vla_node and the cloud tier
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgefm_ros"
-
-
-def choose_model(checkpoint: str | None, vlm: str | None, cameras: int, hw: tuple[int, int],
-                 vision_position_ids: str = "auto") -> Model:
-    if checkpoint:
-        if not (Path(checkpoint) / "config.json").is_file():
-            raise ValueError(f"--checkpoint {checkpoint} holds no config.json")
-        readme = Path(checkpoint) / "README.md"
-        random = readme.is_file() and "RANDOM WEIGHTS" in readme.read_text()
-        return Model(checkpoint, vlm or "", "local checkpoint (--checkpoint)", random, vision_position_ids)
-    out = cache_dir() / f"demo-smolvla-tiny-seed0-{cameras}cam-{hw[0]}x{hw[1]}"
-    try:
-        from edgefm_ros.tools.make_checkpoint import make_checkpoint
-
-        if not (out / "model.safetensors").is_file():
-            make_checkpoint(out, arch="tiny", seed=0, cameras=cameras, raw_hw=hw)
-        return Model(str(out), "", f"demo checkpoint (edgefm-vla make-checkpoint, cached in {out})", True,
-                     vision_position_ids)
-    except ImportError:
-        pass
-    ref = REFERENCE / "smolvla-tiny"
-    if (ref / "config.json").is_file():
-        return Model(str(ref), str(REFERENCE / "vlm" / "smolvlm-tiny"), "tiny reference checkpoint (../shared)", True,
-                     vision_position_ids)
-    raise ValueError("no model: pass --checkpoint DIR (a LeRobot SmolVLA checkpoint)")
-
-
-def model_spec(m: Model):
-    from edgefm_ros.runtime.checkpoint import load_checkpoint
-
-    return load_checkpoint(m.checkpoint, m.vlm_dir or None).config
-
-
-def demo_router_config() -> str:
-    """config/router_demo.yaml: the source tree's, else the installed share's."""
-    path = Path(__file__).resolve().parents[2] / "config" / "router_demo.yaml"
-    if not path.is_file():
-        try:
-            from ament_index_python.packages import get_package_share_directory
-
-            path = Path(get_package_share_directory("edgefm_ros")) / "config" / "router_demo.yaml"
-        except Exception:  # noqa: BLE001 - not installed: say what is missing below
-            pass
-    if not path.is_file():
-        raise FileNotFoundError(f"demo router config not found at {path}")
-    return str(path)
-
-
-@dataclass(frozen=True)
-class Cloud:
-    """The cloud tier the demo started (--cloud)."""
-
-    url: str
-    log: str
-    shadow_log: str  # "" when shadow mode is off
-
-
-def node_params(m: Model, cfg, args, cloud: Cloud | None = None) -> dict:
-    cams = cfg.camera_keys
-    vla = dict(checkpoint=m.checkpoint, vlm_dir=m.vlm_dir, vision_position_ids=m.vision_position_ids, threads=1,
-               camera_topics=[f"/camera{i + 1}/image_raw/compressed" if i % 2 else f"/camera{i + 1}/image_raw"
-                              for i in range(len(cams))],
-               camera_keys=list(cams), joint_states_topic="/joint_states",
-               state_joint_names=list(JOINTS[:cfg.state_dim]),
-               instruction_topic="/instruction", action_rate_hz=args.action_rate, max_observation_age_s=0.5,
-               diagnostics_period_s=0.5, autostart=True)
-    action = dict(control_rate_hz=args.control_rate, joint_names=list(JOINTS[:cfg.action_dim]),
-                  command_type="joint_trajectory", command_topic=COMMAND_TOPIC, aggregate=args.aggregate,
-                  chunk_size_threshold=0.5, diagnostics_period_s=0.5, autostart=True,
-                  realtime_priority=50 if os.geteuid() == 0 else 0)
-    out = {"vla_node": vla, "action_node": action}
-    if router_available() and not args.no_router:
-        out["router_node"] = dict(camera_topics=vla["camera_topics"], camera_keys=list(cams),
-                                  instruction_topic="/instruction", rate_hz=2.0, diagnostics_period_s=0.5)
-    if cloud is not None:
-        names = demo_candidates()
-        vla.update(cloud_url=cloud.url, shadow_fraction=args.shadow if cloud.shadow_log else 0.0,
-                   shadow_log=cloud.shadow_log, shadow_edge_candidate=names["edge"],
-                   shadow_cloud_candidate=names["cloud"])
-        out["router_node"].update(config_path=demo_router_config(), static_bandwidth_mbps=DEMO_LINK_MBPS,
-                                  static_rtt_s=0.005)
-    return out
-
-
-def demo_candidates() -> dict[str, str]:
-    """placement -> candidate name in the demo router config (its edge_only / cloud_only)."""
-    from edgefm_ros.routing.config import load_router_config
-
-    cfg = load_router_config(demo_router_config())
-    return {"edge": cfg.edge_only, "cloud": cfg.cloud_only}
-
-
-def router_available() -> bool:
-    from edgefm_ros.tools.bag.session import installed_executable
-
-    return importlib.util.find_spec("edgefm_ros.nodes.router_node") is not None and \
-        installed_executable("router_node") is not None
 
 
 def _float(x) -> float:
@@ -160,8 +60,6 @@ def _float(x) -> float:
 
 def cloud_summary(run, cloud: Cloud, v: dict) -> dict:
     """Where the cloud ran, its round trip as vla_node measured it, the client's counters, shadow log."""
-    from edgefm_ros.tools.bag.analyze import percentiles
-
     src, inf = np.asarray(run.chunk_source), np.asarray(run.chunk_inference) * 1e3
     out = {"url": cloud.url, "where": "this machine, loopback only (MLServer 1.7.1 + nginx; edgefm-cloud serve)",
            "mode": "exact", "log": cloud.log,
@@ -175,8 +73,6 @@ def cloud_summary(run, cloud: Cloud, v: dict) -> dict:
 
 
 def shadow_summary(path: str) -> dict:
-    from edgefm_ros.routing.log import read_log
-
     if not Path(path).is_file():
         return {"log": path, "requests": 0}
     recs = read_log(path)
@@ -187,8 +83,6 @@ def shadow_summary(path: str) -> dict:
 
 def summarize(run, model: Model, params: dict, diag: dict, t_play: tuple[float, float],
               cloud: Cloud | None = None) -> dict:
-    from edgefm_ros.tools.bag.analyze import command_timing, percentiles
-
     period = 1.0 / params["action_node"]["control_rate_hz"]
     t0 = (run.chunk_recv[0] + 0.5) if run.chunk_recv else t_play[0]
     timing = command_timing(run, period, t0, t_play[1])
@@ -262,11 +156,7 @@ def print_cloud(c: dict) -> None:
 
 
 def plot(run, path: Path, joint_names: list[str], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    matplotlib.use("Agg")  # to a file, no display
     t0 = min(run.cmd_stamp[0] if run.cmd_stamp else np.inf, run.chunk_recv[0] if run.chunk_recv else np.inf)
     fig, ax = plt.subplots(3, 1, figsize=(11, 9), sharex=True, gridspec_kw={"height_ratios": [3, 2, 1]})
     if run.cmd_pos:
@@ -293,15 +183,14 @@ def plot(run, path: Path, joint_names: list[str], title: str) -> None:
     plt.close(fig)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edgefm-demo", description=__doc__.split("\n")[0])
+def add_bag_args(p: argparse.ArgumentParser) -> None:
+    """``edgefm-demo bag``'s arguments."""
+    p.add_argument("bag", nargs="?", default="", help="the bag to replay (default: a synthetic one is generated)")
     p.add_argument("--checkpoint", help="LeRobot SmolVLA checkpoint dir (default: the demo checkpoint)")
     p.add_argument("--vlm", help="VLM config/tokenizer dir of --checkpoint (default: resolved from it)")
     p.add_argument("--vision-position-ids", default="auto", choices=VISION_POSITION_ID_CHOICES,
                    help="SmolVLM vision position ids of --checkpoint: legacy (LeRobot 0.4.x), fixed (0.3.x, >= 0.5), "
                         "auto (its edgefm_numerics.json or LeRobot record, else fixed)")
-    p.add_argument("--bag", nargs="?", const="", required=True,
-                   help="the bag replay (this mode): the bag to replay; no value: a synthetic one is generated")
     p.add_argument("--out", default="edgefm_demo_output", help="output dir (bag, logs, record, plot, summary)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of synthetic bag")
     p.add_argument("--width", type=int, default=160)
@@ -316,6 +205,19 @@ def _parser() -> argparse.ArgumentParser:
                    "same checkpoint, exact mode) and route with config/router_demo.yaml")
     p.add_argument("--shadow", type=float, default=0.0, metavar="F",
                    help="with --cloud: shadow mode for this fraction of requests (log in --out)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgefm-demo", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sim", help="the simulated arm doing tasks through the node graph (closed loop)",
+                       description=sim_demo.__doc__.split("\n")[0])
+    sim_demo.add_args(s)
+    s.set_defaults(run=sim_demo.run_demo)
+    b = sub.add_parser("bag", help="the node graph on a replayed bag (a synthetic one by default)",
+                       description="the whole node graph on a replayed bag, end to end, on this machine")
+    add_bag_args(b)
+    b.set_defaults(run=run_demo)
     return p
 
 
@@ -335,6 +237,7 @@ def check_args(args) -> None:
 @contextlib.contextmanager
 def cloud_tier(model: Model, out: Path, shadow: float):
     """The cloud server on loopback for the ``with`` block: yields (Cloud, token)."""
+    # MLServer's stack (the --cloud extra, checked by check_args) only where the cloud tier runs
     from edgefm_ros.cloud.server.serve import running
     from edgefm_ros.cloud.server.settings import ServeConfig, free_port
 
@@ -354,10 +257,7 @@ def cloud_tier(model: Model, out: Path, shadow: float):
 
 
 def run_demo(args) -> dict:
-    from edgefm_ros.tools.bag.analyze import read_run
-    from edgefm_ros.tools.bag.make import MakeConfig, make_bag
-    from edgefm_ros.tools.bag.session import OUTPUT_TOPICS, ReplaySession
-
+    """``edgefm-demo bag``: the summary (also written to <out>/summary.json)."""
     check_args(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -369,8 +269,6 @@ def run_demo(args) -> dict:
     if not bag:
         bag = str(out / "bag")
         if Path(bag).exists():
-            import shutil
-
             shutil.rmtree(bag)
         make_bag(MakeConfig(bag, duration_s=args.duration, cameras=len(cfg.camera_keys), width=args.width,
                             height=args.height))
@@ -405,27 +303,12 @@ def run_demo(args) -> dict:
     return summary
 
 
+@cli_main("edgefm-demo", subcommands=True, errors=(RuntimeError, OSError, subprocess.SubprocessError))
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not any(a == "--bag" or a.startswith("--bag=") for a in argv):  # the closed loop in simulation
-        from edgefm_ros.tools import sim_demo
-
-        sim_flags = {o for a in sim_demo.parser()._actions for o in a.option_strings}
-        replay_only = [a.split("=")[0] for a in argv if a.startswith("--") and a.split("=")[0] not in sim_flags
-                       and a.split("=")[0] in {o for a in _parser()._actions for o in a.option_strings}]
-        if replay_only:
-            print(f"edgefm-demo: error: {', '.join(replay_only)} belong(s) to the bag replay: add --bag [BAG]",
-                  file=sys.stderr)
-            return 2
-        return sim_demo.main(argv)
-    args = _parser().parse_args(argv)
-    try:
-        run_demo(args)
-    except (ValueError, RuntimeError, OSError, subprocess.SubprocessError) as e:
-        print(f"edgefm-demo: error: {e}", file=sys.stderr)
-        return 2
+    args = parser().parse_args(argv)
+    args.run(args)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

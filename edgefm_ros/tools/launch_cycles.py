@@ -15,230 +15,27 @@ exit codes are known too. ``ros2 launch`` itself exits 0 on SIGINT; on SIGTERM i
 (upstream Jazzy: "using SIGTERM can result in orphaned processes"), so its status is shown, not counted,
 for SIGTERM.
 
-The ``LaunchedGraph`` class is the same machinery for tests and the demo: one ``ros2 launch`` in a session
-of its own, its log parsed for the processes it started and how each ended.
+The launch machinery (``LaunchedGraph``: one ``ros2 launch`` in a session of its own, its log parsed for the
+processes it started and how each ended) is tools/graph.py's, shared with the tests and the demo.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import random
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from edgefm_ros.housekeeping import shm
-
-# `ros2 launch` reports its processes in these words (launch/actions/execute_local.py)
-STARTED = re.compile(r"\[INFO\] \[([\w.-]+)-(\d+)\]: process started with pid \[(\d+)\]")
-CLEAN = re.compile(r"\[([\w.-]+)-(\d+)\]: process has finished cleanly \[pid (\d+)\]")
-DIED = re.compile(r"\[([\w.-]+)-(\d+)\]: process has died \[pid (\d+), exit code (-?\d+)")
-# what each of our nodes logs once it is up (lifecycle nodes: activated)
-READY = {"vla_node": "warm-up done", "action_node": "active: control loop running",
-         "router_node": "active: deciding"}
-CRASH_WORDS = ("malloc", "Aborted", "Segmentation fault", "core dumped", "Traceback", "double free")
-# A child started with SIGINT ignored (a background job of a non-interactive shell) would ignore Ctrl-C:
-# `ros2 launch` runs with the default disposition restored.
-EXEC_WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                             "os.execvp(sys.argv[1], sys.argv[1:])")
-
-
-def ros2_launch_available() -> bool:
-    """The ``ros2`` command with its launch verb (installed from ../shared/ros2-jazzy or a ROS install)."""
-    if shutil.which("ros2") is None:
-        return False
-    try:
-        import launch_ros  # noqa: F401
-        import ros2launch  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def become_subreaper() -> bool:
-    """Orphaned descendants are reparented to this process (prctl PR_SET_CHILD_SUBREAPER); False when not
-    on Linux."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _alive(pid: int) -> bool:
-    """Running (not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
-@dataclass
-class StopResult:
-    signal: str
-    target: str
-    launch_rc: int | None  # None: still running at the bound
-    codes: dict[str, int | None]  # process name -> exit code (None: unknown, still running at the bound)
-    survivors: list[str]  # processes still running at the bound
-    seconds: float  # signal -> the last process gone
-    crash_lines: list[str] = field(default_factory=list)
-
-    def abnormal(self) -> list[str]:
-        bad = [f"{n}: exit {c}" for n, c in self.codes.items() if c not in (0, None)]
-        bad += [f"{n}: still running {self.seconds:.1f}s after {self.signal}" for n in self.survivors]
-        bad += [f"{n}: exit code unknown" for n, c in self.codes.items() if c is None and n not in self.survivors]
-        if self.signal == "SIGINT" and self.launch_rc != 0:
-            bad.append(f"ros2 launch: exit {self.launch_rc}")
-        return bad
-
-
-class LaunchedGraph:
-    """One ``ros2 launch edgefm_ros <file> <args>`` in a session of its own; output to ``log``.
-    ``reap_all``: collect every child of this process (a subreaper's orphans); only where no other code of
-    the process waits for children of its own."""
-
-    def __init__(self, launch_file: str, args: Mapping[str, str], log: str | Path,
-                 env: Mapping[str, str] | None = None, package: str = "edgefm_ros", reap_all: bool = False):
-        self.reap_all = reap_all
-        self.log = Path(log)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = ["ros2", "launch", package, launch_file] + [f"{k}:={v}" for k, v in args.items()]
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-c", EXEC_WITH_DEFAULT_SIGINT, *cmd],
-                                         env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        self.reaped: dict[int, int] = {}  # pid -> exit code, of orphans reaped by this (subreaper) process
-        self.launch_rc: int | None = None
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def started(self) -> dict[str, int]:
-        """process name (vla_node, edgefm-bag ...) -> pid, as ``ros2 launch`` reported them; a second process of
-        the same executable is "<name>-<launch's number>"; a respawned process keeps its name (latest pid)."""
-        out, keys = {}, {}
-        for m in STARTED.finditer(self.text()):
-            key = keys.setdefault((m.group(1), m.group(2)), m.group(1) if m.group(1) not in out
-                                  else f"{m.group(1)}-{m.group(2)}")
-            out[key] = int(m.group(3))
-        return out
-
-    def pids(self, name: str) -> list[int]:
-        """Every pid ``ros2 launch`` started for process ``name`` (a respawned node has several), in order."""
-        return [int(m.group(3)) for m in STARTED.finditer(self.text()) if m.group(1) == name]
-
-    def all_pids(self) -> list[int]:
-        return [int(m.group(3)) for m in STARTED.finditer(self.text())] + [self.proc.pid]
-
-    def ready_count(self, name: str) -> int:
-        """How many times process ``name`` logged its READY words (once per start)."""
-        return len(re.findall(rf"\[{re.escape(name)}-\d+\] .*{re.escape(READY[name])}", self.text()))
-
-    def reported_exits(self) -> dict[int, int]:
-        """pid -> exit code, as ``ros2 launch`` reported them."""
-        text = self.text()
-        out = {int(m.group(3)): 0 for m in CLEAN.finditer(text)}
-        out.update({int(m.group(3)): int(m.group(4)) for m in DIED.finditer(text)})
-        return out
-
-    def running(self) -> bool:
-        self._poll()
-        return self.launch_rc is None
-
-    def _poll(self) -> None:
-        if self.launch_rc is None and self.proc.pid in self.reaped:
-            self.launch_rc = self.reaped[self.proc.pid]
-        elif self.launch_rc is None:
-            try:
-                pid, status = os.waitpid(self.proc.pid, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = 0, 0
-            if pid:
-                self.launch_rc = os.waitstatus_to_exitcode(status)
-                self.proc.returncode = self.launch_rc
-        if self.reap_all:
-            self._reap_orphans()
-
-    def _reap_orphans(self) -> None:
-        """Collect any other child (an orphan reparented to a subreaper)."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if not pid:
-                return
-            code = os.waitstatus_to_exitcode(status)
-            self.reaped[pid] = code
-            if pid == self.proc.pid:
-                self.launch_rc = code
-                self.proc.returncode = code
-
-    def wait_ready(self, names: Sequence[str], timeout: float) -> None:
-        """Until every process in ``names`` logged its READY words; RuntimeError naming the laggards (and the
-        processes that exited) otherwise."""
-        end = time.monotonic() + timeout
-        while True:
-            text = self.text()
-            lag = [n for n in names if not re.search(rf"\[{re.escape(n)}-\d+\] .*{re.escape(READY[n])}", text)]
-            if not lag:
-                return
-            dead = self.reported_exits()
-            if dead or not self.running() or time.monotonic() > end:
-                raise RuntimeError(f"{lag} not up after {timeout:.0f}s (exited: {dead}, launch rc "
-                                   f"{self.launch_rc}); log {self.log}")
-            time.sleep(0.1)
-
-    def stop(self, sig: int = signal.SIGINT, target: str = "launch", bound_s: float = 15.0) -> StopResult:
-        """Send ``sig`` to the ``ros2 launch`` process (target "launch") or to its whole process group
-        ("group": a terminal's Ctrl-C), wait until every process it started is gone or ``bound_s`` passed
-        (then they are killed), and say how each ended."""
-        if target not in ("launch", "group"):
-            raise ValueError(f"target must be 'launch' or 'group', got {target!r}")
-        started = self.started()
-        t0 = time.monotonic()
-        try:
-            if target == "group":
-                os.killpg(self.proc.pid, sig)
-            else:
-                self.proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
-        while time.monotonic() - t0 < bound_s:
-            if not self.running() and not any(_alive(p) for p in started.values()):
-                break
-            time.sleep(0.05)
-        seconds = time.monotonic() - t0
-        self._poll()
-        survivors = [n for n, p in started.items() if _alive(p)]
-        for n in survivors:
-            try:
-                os.kill(started[n], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self.running():
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(5)
-            self._poll()
-        time.sleep(0.2)
-        self._poll()
-        reported = self.reported_exits()
-        codes = {n: self.reaped.get(p, reported.get(p)) for n, p in started.items()}
-        crash = [ln for ln in self.text().splitlines() if any(w in ln for w in CRASH_WORDS)]
-        return StopResult(signal.Signals(sig).name, target, self.launch_rc, codes, survivors, seconds, crash)
-
+from edgefm_ros.tools.bag.make import MakeConfig, make_bag
+from edgefm_ros.tools.graph import (READY, LaunchedGraph, StopResult, become_subreaper, choose_model, model_spec,
+                                    node_params, params_yaml, pid_alive, ros2_launch_available)
 
 # ---- the cycling tool -------------------------------------------------------------------------------------
 
@@ -246,15 +43,11 @@ def prepare(workdir: Path, checkpoint: str | None, bag: str | None, duration_s: 
             realtime_priority: int) -> tuple[str, str]:
     """(params file, bag) for the replay graph: the demo's node parameters for ``checkpoint`` (default: the
     demo checkpoint) and a synthetic bag unless ``bag`` is given."""
-    from edgefm_ros.tools import demo
-    from edgefm_ros.tools.bag.make import MakeConfig, make_bag
-    from edgefm_ros.tools.bag.session import params_yaml
-
-    model = demo.choose_model(checkpoint, None, 2, (48, 64))
-    cfg = demo.model_spec(model)
+    model = choose_model(checkpoint, None, 2, (48, 64))
+    cfg = model_spec(model)
     opts = argparse.Namespace(action_rate=30.0, control_rate=50.0, aggregate="weighted_average", no_router=False,
                               shadow=0.0)
-    params = demo.node_params(model, cfg, opts)
+    params = node_params(model, cfg, opts)
     params["action_node"]["realtime_priority"] = realtime_priority
     path = workdir / "params.yaml"
     path.write_text(params_yaml(params))
@@ -381,7 +174,7 @@ def shm_check(before_names: set[str], before: "shm.Usage", live: "shm.Usage", pi
     stale = set(shm.stale())
     names = {p.name for p in shm.SHM_DIR.iterdir()} if shm.SHM_DIR.exists() else set()
     return ShmCheck(before, live, shm.usage(), sorted((names - before_names) & stale),
-                    sorted(p for p in set(pids) if _alive(p)))
+                    sorted(p for p in set(pids) if pid_alive(p)))
 
 
 def count_abnormal(results: Sequence[StopResult]) -> int:

@@ -22,13 +22,17 @@ import sys
 import time
 from pathlib import Path
 
-from edgefm_ros.runtime.modes import MODES
+import numpy as np
+
+from edgefm_ros.dispatch.modes import MODES
+from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig, SamplingConfig
+from edgefm_ros.generation.gguf_loader import smollm2_gguf_path
+from edgefm_ros.generation.speculative import SpeculativeDecoder, draft_tree, load_draft, save_draft
+from edgefm_ros.housekeeping.cli import cli_main
+from edgefm_ros.training.speculative_draft import Recipe, train_draft
 
 
 def _engine(args):
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
-    from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
-
     cfg = LlmEngineConfig(mode=args.mode, tables=tuple(args.table), kv_codec=args.kv_codec, capacity=args.capacity,
                           threads=args.threads)
     if args.model:
@@ -51,15 +55,11 @@ def _prompt(args):
 
 
 def _sampling(args):
-    from edgefm_ros.runtime.generate import SamplingConfig
-
     return SamplingConfig(max_new_tokens=args.max_new, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed, stop_strings=tuple(args.stop))
 
 
 def cmd_generate(args) -> int:
-    import numpy as np
-
     engine = _engine(args)
     if args.prefix:
         engine.load_prefix(args.prefix)
@@ -71,8 +71,6 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
 
     if args.draft:
-        from edgefm_ros.runtime.speculative import SpeculativeDecoder, draft_tree, load_draft
-
         if images:
             raise SystemExit("edgefm-llm: --draft works with text prompts only")
         draft = load_draft(args.draft, engine)
@@ -106,17 +104,12 @@ def cmd_prefix(args) -> int:
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
     """One option per Recipe field, its default and help taken from the Recipe (the one place they are written)."""
-    from edgefm_ros.tools.train_draft import Recipe
-
     for f in dataclasses.fields(Recipe):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
                        help=f"{f.metadata['help']} (default {f.default})")
 
 
 def cmd_train_draft(args) -> int:
-    from edgefm_ros.runtime.speculative import save_draft
-    from edgefm_ros.tools.train_draft import Recipe, train_draft
-
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Recipe) if getattr(args, f.name) is not None}
     recipe = Recipe(**given)  # its defaults where the command line is silent; ValueError names a bad value
     engine = _engine(args)
@@ -132,8 +125,6 @@ def cmd_train_draft(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from edgefm_ros.runtime.generate import SamplingConfig
-
     engine = _engine(args)
     prompt = [{"role": "user", "content": "Describe a kitchen table with a red cube and a blue bowl."}]
     s = SamplingConfig(max_new_tokens=args.new_tokens, stop_ids=())
@@ -211,13 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@cli_main("edgefm-llm", subcommands=True)
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"edgefm-llm: {e}", file=sys.stderr)
-        return 2
+    return args.fn(args)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
+from edgefm_ros.housekeeping.cli import cli_main
+from edgefm_ros.routing.calibrate import calibrate, split
+from edgefm_ros.routing.calibrate import format_report as format_calibration
+from edgefm_ros.routing.config import load_router_config, write_router_config
+from edgefm_ros.routing.evaluate import evaluate, plot
+from edgefm_ros.routing.evaluate import format_report as format_evaluation
+from edgefm_ros.routing.log import read_log, write_records
+from edgefm_ros.routing.synth import synth_records
+
 
 def _default_config() -> str:
     here = Path(__file__).resolve()
@@ -23,7 +32,7 @@ def _default_config() -> str:
         cand = root / "config" / "router.yaml"
         if cand.is_file():
             return str(cand)
-    try:
+    try:  # ament_index_python: only in a ROS install
         from ament_index_python.packages import get_package_share_directory
 
         return str(Path(get_package_share_directory("edgefm_ros")) / "config" / "router.yaml")
@@ -32,10 +41,6 @@ def _default_config() -> str:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from edgefm_ros.routing.config import load_router_config
-    from edgefm_ros.routing.log import write_records
-    from edgefm_ros.routing.synth import synth_records
-
     cfg = load_router_config(args.config)
     rng = np.random.default_rng(args.seed)
     records = synth_records(cfg, args.requests, rng, soft=args.soft, noise=args.noise)
@@ -46,14 +51,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from edgefm_ros.routing.calibrate import calibrate, format_report
-    from edgefm_ros.routing.config import load_router_config, write_router_config
-    from edgefm_ros.routing.log import read_log
-
     cfg = load_router_config(args.config)
     records = read_log(args.log)
-    res = calibrate(cfg, records, test_fraction=args.test_fraction, seed=args.seed, l2=args.l2)
-    print(format_report(res))
+    groups = tuple(g for g in args.groups.split(",") if g)
+    res = calibrate(cfg, records, test_fraction=args.test_fraction, seed=args.seed, l2=args.l2,
+                    min_per_coef=args.min_per_coef, groups=groups)
+    print(format_calibration(res))
     header = (f"Written by edgefm-router calibrate from {args.log} ({len(records)} lines; test fraction "
               f"{args.test_fraction}, split seed {args.seed}).\n")
     header += "".join(f"{r.name}: {r.method}, test Brier {r.brier:.4f} (prior {r.brier_prior:.4f}), "
@@ -66,18 +69,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from edgefm_ros.routing.calibrate import split
-    from edgefm_ros.routing.config import load_router_config
-    from edgefm_ros.routing.evaluate import evaluate, format_report, plot
-    from edgefm_ros.routing.log import read_log
-
     cfg = load_router_config(args.config)
     records = read_log(args.log)
     if args.split != "all":
         calib, test = split(records, args.test_fraction, args.seed)
         records = test if args.split == "test" else calib
     rep = evaluate(cfg, records)
-    print(format_report(rep))
+    print(format_evaluation(rep))
     if args.plot:
         plot(rep, args.plot)
         print(f"wrote {args.plot}")
@@ -102,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--log", required=True)
     c.add_argument("--out", required=True, help="router YAML to write (the config plus fitted coefficients)")
     c.add_argument("--l2", type=float, default=1e-3)
+    c.add_argument("--min-per-coef", type=int, default=20, help="log lines per coefficient needed for a full "
+                   "logistic fit (fewer: Platt scaling of the prior)")
+    c.add_argument("--groups", default="image,text,signals", help="feature groups the fit may use (an "
+                   "ablation): image, text, signals")
     c.add_argument("--json", default="", help="also write the per-candidate reports here")
     c.set_defaults(func=cmd_calibrate)
 
@@ -121,13 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_main("edgefm-router", subcommands=True)
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except ValueError as e:
-        print(f"edgefm-router: error: {e}", file=sys.stderr)
-        return 2
+    return args.func(args)
 
 
 if __name__ == "__main__":

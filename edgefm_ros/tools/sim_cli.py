@@ -4,6 +4,8 @@
     edgefm-sim eval --seeds 1000-1019 --exec sync                                    # closed loop, one process
     edgefm-sim eval --checkpoint CKPT --tasks reach,push --seeds 1000-1019 --exec ros --json eval.json
     edgefm-sim teach --tasks reach --seeds 0-49 --bag demos/reach    # demonstrations through the ROS graph, to a bag
+    edgefm-sim shadow --seeds 2000-2049 --log runs/shadow.jsonl       # the router's calibration log (outcomes)
+    edgefm-sim route-eval --seeds 1000-1009 --conditions mixed --json route.json --plot route.svg
 """
 from __future__ import annotations
 
@@ -11,8 +13,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from edgefm_ros.housekeeping.cli import cli_main
 from edgefm_ros.sim.conditions import CONDITION_SETS
-from edgefm_ros.sim.tasks import EVAL_SEEDS, PHRASINGS, TASKS, TRAIN_SEEDS, parse_seeds, parse_tasks
+from edgefm_ros.sim.paths import default_checkpoint
+from edgefm_ros.sim.report import format_table, write_report
+from edgefm_ros.sim.tasks import CALIBRATION_SEEDS, EVAL_SEEDS, PHRASINGS, TASKS, TRAIN_SEEDS, parse_seeds, \
+    parse_tasks
+
+ROUTE_TASKS = ("button-press-topdown", "drawer-open", "window-open", "push", "reach", "door-close")
 from edgefm_ros.tools.teach import add_teach_args, cmd_teach
 
 
@@ -23,6 +31,10 @@ def _image_hw(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"image size {text!r}: expected HxW, e.g. 64x64") from None
     return h, w
 
+
+# The simulator (MuJoCo, torch) and ROS are imported by the command that runs them: the parser, `teach` and
+# `eval --exec ros` work without the simulator's stack loaded in this process, `collect` and sync/async eval
+# without ROS.
 
 def cmd_collect(args: argparse.Namespace) -> int:
     from edgefm_ros.sim.collect import CollectConfig, collect
@@ -43,8 +55,6 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from edgefm_ros.sim.report import format_table, write_report
-
     seeds = parse_seeds(args.seeds)
     leaked = [s for s in seeds if s in TRAIN_SEEDS]
     if leaked and not args.allow_train_seeds:
@@ -55,7 +65,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     episode_kw = {"conditions": args.conditions, "phrasings": args.phrasings, "image_hw": args.image_size}
     if args.exec == "async":
         from edgefm_ros.sim.async_loop import run_async_eval
-        from edgefm_ros.sim.paths import default_checkpoint
 
         report = run_async_eval(args.checkpoint or str(default_checkpoint()), args.tasks, seeds, aggregate=args.aggregate or "weighted_average",
                                 delay_ms=args.delay_ms, compute_ms=args.compute_ms, max_seconds=args.max_seconds,
@@ -71,7 +80,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.conditions != "clean" or args.phrasings != "canonical" or args.image_size:
             raise ValueError("--conditions, --phrasings and --image-size are not passed through the node graph "
                              "yet (--exec ros); use --exec sync or async")
-        from edgefm_ros.sim.paths import default_checkpoint
         from edgefm_ros.tools.sim_ros import run_ros_eval
 
         ckpt = args.checkpoint or str(default_checkpoint())
@@ -83,6 +91,72 @@ def cmd_eval(args: argparse.Namespace) -> int:
         write_report(report, args.json)
         print(f"report: {args.json}")
     return 0
+
+
+def _route_config(args: argparse.Namespace, seeds: list[int]):
+    from edgefm_ros.sim.route_eval import RouteEvalConfig
+    from edgefm_ros.sim.tiers import Link
+
+    tasks = tuple(parse_tasks(args.tasks)) if args.tasks else tuple(ROUTE_TASKS)
+    kw = {}
+    if getattr(args, "placements", None):
+        kw["placements"] = tuple(p for p in args.placements.split(",") if p)
+    if getattr(args, "delta_sweep", None) is not None:
+        kw["delta_sweep"] = tuple(float(v) for v in args.delta_sweep.split(",") if v)
+    return RouteEvalConfig(edge=args.edge, cloud=args.cloud, router=args.router, tasks=tasks, seeds=tuple(seeds),
+                           conditions=args.conditions, phrasings=args.phrasings, link=Link.parse(args.link),
+                           aggregate=args.aggregate, threshold=args.chunk_size_threshold,
+                           edge_compute_ms=args.edge_compute_ms, cloud_compute_ms=args.cloud_compute_ms,
+                           cloud_delay_ms=args.cloud_delay_ms, **kw)
+
+
+def cmd_route_eval(args: argparse.Namespace) -> int:
+    from edgefm_ros.sim.route_eval import format_route_table, run_route_eval, write_json
+    from edgefm_ros.sim.route_plot import write_route_plot
+
+    seeds = parse_seeds(args.seeds)
+    leaked = [s for s in seeds if s in TRAIN_SEEDS or s in CALIBRATION_SEEDS]
+    if leaked:
+        raise ValueError(f"seeds {leaked[:5]} are training or calibration seeds; evaluate on EVAL_SEEDS "
+                         f"{EVAL_SEEDS.start}-{EVAL_SEEDS.stop - 1}")
+    if args.exec != "async":
+        raise ValueError("--exec ros is not available for route-eval yet: run --exec async (the graph's queue and "
+                         "requests on the simulated clock)")
+    report = run_route_eval(_route_config(args, seeds), log=lambda m: print(m, flush=True))
+    print(format_route_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"report: {args.json}")
+    if args.plot:
+        write_route_plot(report, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def cmd_shadow(args: argparse.Namespace) -> int:
+    from edgefm_ros.sim.route_eval import run_shadow
+
+    run_shadow(_route_config(args, parse_seeds(args.seeds)), args.log, log=lambda m: print(m, flush=True))
+    return 0
+
+
+def _add_route_args(r: argparse.ArgumentParser, seeds: str) -> None:
+    r.add_argument("--edge", default="checkpoints/smolvla-edge", help="the robot's checkpoint")
+    r.add_argument("--cloud", default="checkpoints/smolvla-cloud", help="the server's checkpoint")
+    r.add_argument("--router", default="config/router_sim.yaml", help="router configuration (calibrated)")
+    r.add_argument("--tasks", default=None, help=f"comma-separated (default: {','.join(ROUTE_TASKS)})")
+    r.add_argument("--seeds", default=seeds, help="A-B (inclusive)")
+    r.add_argument("--conditions", choices=sorted(CONDITION_SETS), default="mixed", help="camera condition set")
+    r.add_argument("--phrasings", choices=PHRASINGS, default="varied", help="instruction wording per episode")
+    r.add_argument("--link", default="20,40", help="MBPS,RTT_MS of the robot's uplink (default 20,40)")
+    r.add_argument("--aggregate", default="rtc", help="chunk aggregation of the action queue (default rtc)")
+    r.add_argument("--chunk-size-threshold", type=float, default=0.5, help="a chunk is requested when the queue "
+                   "holds less than this share of a chunk")
+    r.add_argument("--edge-compute-ms", type=float, default=None, help="edge compute per chunk charged on the "
+                   "simulated clock (default: measured here)")
+    r.add_argument("--cloud-compute-ms", type=float, default=None, help="server compute per chunk (default: "
+                   "measured here)")
+    r.add_argument("--cloud-delay-ms", type=float, default=0.0, help="added to every cloud answer")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,16 +212,29 @@ def build_parser() -> argparse.ArgumentParser:
                        "device (the scripted expert), recorded with edgefm-bag record")
     add_teach_args(t)
     t.set_defaults(func=cmd_teach)
+    r = sub.add_parser("route-eval", help="edge, cloud, router, random and oracle placements on the same episodes: "
+                       "task success against offload")
+    _add_route_args(r, f"{EVAL_SEEDS.start}-{EVAL_SEEDS.start + 9}")
+    r.add_argument("--exec", choices=("async", "ros"), default="async", help="async: the graph's queue and "
+                   "requests on the simulated clock")
+    r.add_argument("--placements", default=None, help="comma-separated subset of edge,cloud,router,random,oracle")
+    r.add_argument("--delta-sweep", default=None, help="delta_min values of the router's curve (comma-separated)")
+    r.add_argument("--json", default=None, help="write the report here")
+    r.add_argument("--plot", default=None, help="write success against offload here (SVG)")
+    r.set_defaults(func=cmd_route_eval)
+    sh = sub.add_parser("shadow", help="edge-only and cloud-only on calibration seeds: each request's features "
+                        "and outcome, as the router's calibration log")
+    _add_route_args(sh, f"{CALIBRATION_SEEDS.start}-{CALIBRATION_SEEDS.start + 49}")
+    sh.set_defaults(router="config/router_sim_base.yaml")
+    sh.add_argument("--log", required=True, help="JSON Lines request log to write")
+    sh.set_defaults(func=cmd_shadow)
     return ap
 
 
+@cli_main("edgefm-sim", subcommands=True)
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"edgefm-sim {args.cmd}: {e}", file=sys.stderr)
-        return 2
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,28 @@
-"""edgefm-demo (the README's main command): the simulated arm doing the tasks from their instructions, in a
+"""edgefm-demo sim (the README's main command): the simulated arm doing the tasks from their instructions, in a
 closed loop through the node graph (sim_node, vla_node, action_node as processes over DDS) with the
 committed trained checkpoint. Prints the report (success, time to success, smoothness, control rate,
 latency, underruns) and writes a video of the episodes (the instruction, the end-effector's route drawn
 on the scene camera, the chunk boundaries on a timeline, the chunk's source) and a plot.
 
-    edgefm-demo [--checkpoint DIR] [--tasks T1,T2] [--seeds A-B] [--out DIR] [--delay-ms N]
-    edgefm-demo --bag [BAG] ...   the bag replay (edgefm_ros/tools/demo.py)
+    edgefm-demo sim [--checkpoint DIR] [--tasks T1,T2] [--seeds A-B] [--out DIR] [--delay-ms N]
+    edgefm-demo bag [BAG] ...   the bag replay (edgefm_ros/tools/demo.py, which holds both subcommands)
 """
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
+import cv2
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+
+from edgefm_ros.sim.env import SCENE_CAMERA
+from edgefm_ros.sim.report import format_table, write_report
+from edgefm_ros.sim.rollout import checkpoint_tasks
+from edgefm_ros.sim.tasks import EVAL_SEEDS, parse_seeds, parse_tasks
+from edgefm_ros.tools.sim_ros import Frames, default_checkpoint, episode_windows, joint_states, run_ros
 
 SCALE = 4  # video pixels per camera pixel
 BAND = 44  # text band height (px)
@@ -23,8 +31,7 @@ FOVY_DEG = 45.0  # MuJoCo's default free-camera field of view (Meta-World keeps 
 
 def project_scene(points: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     """World xyz (n, 3) -> pixel (n, 2) (u right, v down) in the simulator's "scene" camera of size hw."""
-    from edgefm_ros.sim.env import SCENE_CAMERA as cam  # MuJoCo free camera: lookat, distance, azimuth, elevation
-
+    cam = SCENE_CAMERA  # MuJoCo free camera: lookat, distance, azimuth, elevation
     az, el = math.radians(cam.azimuth), math.radians(cam.elevation)
     fwd = np.array([math.cos(el) * math.cos(az), math.cos(el) * math.sin(az), math.sin(el)])
     up = np.array([-math.sin(el) * math.cos(az), -math.sin(el) * math.sin(az), math.cos(el)])
@@ -37,17 +44,11 @@ def project_scene(points: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
 
 
 def _text(img, s: str, xy, scale=0.45, color=(255, 255, 255), thick=1) -> None:
-    import cv2
-
     cv2.putText(img, s, xy, cv2.FONT_HERSHEY_SIMPLEX, scale, color, thick, cv2.LINE_AA)
 
 
 def compose_frames(rr, js_t: np.ndarray, js_p: np.ndarray):
     """Yield the video's RGB frames (H, W, 3) from a RosRun that kept frames."""
-    import cv2
-
-    from edgefm_ros.tools.sim_ros import episode_windows
-
     fr, run = rr.frames, rr.run
     starts = [e for e in rr.events if e["event"] == "start"]
     ends = {w.start: w for w in episode_windows(rr.events)}
@@ -104,7 +105,7 @@ def write_video(frames, path: Path, fps: float) -> Path:
     frames = list(frames)
     if not frames:
         raise ValueError("no video frames were recorded")
-    try:
+    try:  # imageio-ffmpeg is optional: without it the video is a GIF
         import imageio_ffmpeg
 
         out = path.with_suffix(".mp4")
@@ -126,12 +127,7 @@ def write_video(frames, path: Path, fps: float) -> Path:
 
 
 def plot(rr, js_t: np.ndarray, js_p: np.ndarray, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from edgefm_ros.tools.sim_ros import episode_windows
+    matplotlib.use("Agg")  # to a file, no display
 
     run = rr.run
     wins = episode_windows(rr.events)
@@ -167,9 +163,8 @@ def plot(rr, js_t: np.ndarray, js_p: np.ndarray, path: Path) -> None:
     plt.close(fig)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edgefm-demo", description=__doc__.split("\n")[0] + " (closed loop; "
-                                "`edgefm-demo --bag [BAG] --help`: the bag replay)")
+def add_args(p: argparse.ArgumentParser) -> None:
+    """``edgefm-demo sim``'s arguments."""
     p.add_argument("--checkpoint", help="SmolVLA checkpoint (default: checkpoints/smolvla-metaworld)")
     p.add_argument("--tasks", default=None, help="comma-separated tasks (default: the checkpoint's)")
     p.add_argument("--seeds", default=None, help="evaluation seeds, 'A-B' or 'A,B' (default: the first one)")
@@ -178,15 +173,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--aggregate", default=None, help="action_node's aggregate (default: config/sim.yaml's)")
     p.add_argument("--domain-id", type=int, default=None, help="ROS_DOMAIN_ID (default: derived from the pid)")
     p.add_argument("--no-video", action="store_true", help="skip the video")
-    return p
 
 
 def run_demo(args) -> dict:
-    from edgefm_ros.sim.report import format_table, write_report
-    from edgefm_ros.sim.rollout import checkpoint_tasks
-    from edgefm_ros.sim.tasks import EVAL_SEEDS, parse_seeds, parse_tasks
-    from edgefm_ros.tools.sim_ros import Frames, default_checkpoint, joint_states, run_ros
-
+    """``edgefm-demo sim``: the report (also written to <out>/report.json)."""
     ckpt = Path(args.checkpoint or default_checkpoint())
     if not (ckpt / "config.json").is_file():
         raise ValueError(f"checkpoint {ckpt} holds no config.json (train one: see README, `edgefm-vla train`)")
@@ -209,17 +199,3 @@ def run_demo(args) -> dict:
         print(f"video    : {video}")
     print(f"plot     : {out / 'demo.png'}\nreport   : {out / 'report.json'}\nlogs     : {out / 'run'}")
     return rr.report
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        run_demo(args)
-    except (ValueError, RuntimeError, OSError) as e:
-        print(f"edgefm-demo: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 sim_node (the simulated arm on the wall clock), vla_node and action_node run as separate processes, started
 by their installed executables with one params file (config/sim.yaml plus this run's episodes, checkpoint,
-delay): the replay session's process start (tools/bag/session.py), as ``ros2 launch`` would start them. The
+delay): the replay session's process start (tools/graph.py), as ``ros2 launch`` would start them. The
 policy nodes come up first; sim_node holds until this harness tells it to start (``wait_for_start``), so no
 episode runs while the model loads. The harness records the commands, chunks, queue status, joint states,
 episode events and diagnostics to a bag, and turns them into the shared report (edgefm_ros/sim/report.py).
@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,11 +28,17 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import yaml
+from rosbags.rosbag2 import Reader
 
-from edgefm_ros.runtime.modes import check_mode
+from edgefm_ros.dispatch.modes import check_mode
 from edgefm_ros.sim.paths import default_checkpoint, share_file
 from edgefm_ros.sim.report import EpisodeOutcome, make_report
-from edgefm_ros.tools.launch_cycles import EXEC_WITH_DEFAULT_SIGINT
+from edgefm_ros.sim.rollout import checkpoint_tasks
+from edgefm_ros.sim.tasks import TASKS
+from edgefm_ros.tools.bag.analyze import percentiles, period_counts, read_run
+from edgefm_ros.tools.bag.typestore import make_typestore
+from edgefm_ros.tools.graph import EXEC_WITH_DEFAULT_SIGINT, ReplaySession
+
 COMMAND_TOPIC = "/edgefm/command"
 EVENTS_TOPIC = "/sim/events"
 RESET_TOPIC = "/sim/reset"
@@ -79,7 +86,7 @@ def launch_available() -> bool:
     """``ros2 launch`` and this package's installed sim.launch.py are there."""
     if shutil.which("ros2") is None:
         return False
-    try:
+    try:  # ament_index_python: only in a ROS install
         from ament_index_python.packages import get_package_share_directory
 
         return (Path(get_package_share_directory("edgefm_ros")) / "launch" / "sim.launch.py").is_file()
@@ -98,8 +105,6 @@ class LoopGraph:
 
     def __init__(self, workdir: str | Path, params: dict, domain_id: int, frames: Frames | None = None,
                  progress: Callable[[str], None] | None = print, mode: str = "auto"):
-        from edgefm_ros.tools.bag.session import ReplaySession
-
         if mode not in ("auto", "launch", "process"):
             raise ValueError(f"mode {mode!r}: choose auto, launch or process")
         self.mode = ("launch" if launch_available() else "process") if mode == "auto" else mode
@@ -112,6 +117,7 @@ class LoopGraph:
         self._cond = threading.Condition()
 
     def __enter__(self) -> "LoopGraph":
+        # ROS where the loop runs: edgefm-demo's and edgefm-sim's parsers import this module without it
         from sensor_msgs.msg import Image
         from std_msgs.msg import String
 
@@ -255,10 +261,6 @@ def episode_windows(events: Iterable[dict]) -> list[Window]:
 
 def read_topic(bag: str | Path, topic: str) -> list[tuple[float, object]]:
     """(receive time s, message) of one topic in a recorded bag."""
-    from rosbags.rosbag2 import Reader
-
-    from edgefm_ros.tools.bag.typestore import make_typestore
-
     ts = make_typestore()
     out = []
     with Reader(str(bag)) as r:
@@ -279,8 +281,6 @@ def outcomes_and_timing(run, windows: Sequence[Window], results: Sequence[dict],
                         guard_s: float = 0.0) -> tuple[list[EpisodeOutcome], dict]:
     """Per-episode outcomes (commands, chunk boundaries) and the graph's timing over the episodes. Commands
     stamped within ``guard_s`` of an episode start are the old episode's (sim_node ignores them)."""
-    from edgefm_ros.tools.bag.analyze import percentiles, period_counts
-
     cmd_t = np.asarray(run.cmd_stamp, dtype=np.float64)
     cmd_p = run.positions.reshape(len(cmd_t), -1) if len(cmd_t) else np.zeros((0, 4))
     recv = np.asarray(run.chunk_recv, dtype=np.float64)
@@ -349,9 +349,6 @@ def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, de
             engine_mode: str | None = None) -> RosRun:
     """Run ``episodes`` ('task:seed') through the node graph; the report and what was recorded. ``mode``: how
     the nodes start (graph_params for ``engine_mode``)."""
-    from edgefm_ros.sim.tasks import TASKS
-    from edgefm_ros.tools.bag.analyze import read_run
-
     if not (Path(checkpoint) / "config.json").is_file():
         raise ValueError(f"checkpoint {checkpoint} holds no config.json")
     out = Path(out_dir).resolve()
@@ -394,16 +391,12 @@ def run_ros_eval(checkpoint: str | None, tasks: Sequence[str] | None, seeds: Ite
     through the node graph (``edgefm-sim eval --exec ros``); ``out_dir`` keeps the logs, the record and
     sim_node's episode results (else a temp dir); ``domain_id``: the graph's ROS_DOMAIN_ID (None: from the
     process id)."""
-    from edgefm_ros.sim.rollout import checkpoint_tasks
-
     ckpt = str(checkpoint or default_checkpoint())
     tasks = list(tasks) if tasks else checkpoint_tasks(ckpt)
     seeds = list(seeds)
     episodes = [f"{t}:{s}" for s in seeds for t in tasks]  # seed-major: every task early in the run
     with contextlib.ExitStack() as stack:
         if out_dir is None:
-            import tempfile
-
             out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgefm-sim-ros-"))
         return run_ros(ckpt, episodes, out_dir=out_dir, delay_ms=delay_ms, aggregate=aggregate,
                        progress=progress, engine_mode=engine_mode, domain_id=domain_id).report

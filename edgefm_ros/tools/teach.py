@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 import yaml
 
 from edgefm_ros.sim.paths import share_file
-from edgefm_ros.sim.tasks import get_task
+from edgefm_ros.sim.tasks import TASKS, TRAIN_SEEDS, get_task, parse_seeds, parse_tasks
+from edgefm_ros.tools.graph import node_command, params_yaml
 
 # rclpy, the nodes' modules and rosbags are imported where a session runs, so that `edgefm-sim` (whose parser
 # holds this subcommand) starts without them.
@@ -107,7 +108,6 @@ def teach_params(cfg: TeachConfig, results_path: str = "", config: str | Path | 
 
 class _Graph:
     """The three processes and the harness's own node (diagnostics, events, the start request)."""
-
     def __init__(self, cfg: TeachConfig, workdir: Path, domain: int, progress: Callable[[str], None] | None):
         self.cfg, self.workdir, self.domain, self.progress = cfg, workdir, domain, progress
         self.procs: dict[str, subprocess.Popen] = {}
@@ -222,8 +222,6 @@ class _Graph:
         """Nodes and recorder up, every recorded topic subscribed, then the first episode started."""
         from std_msgs.msg import String
 
-        from edgefm_ros.tools.bag.session import node_command
-
         ros = ["--ros-args", "--params-file", str(params_file)]
         self._start("sim_node", node_command("sim_node") + ros)
         self._start("operator", [sys.executable, "-m", "edgefm_ros.tools.teleop_node"] + ros)
@@ -274,8 +272,6 @@ def run_teach(cfg: TeachConfig, workdir: str | Path | None = None,
     """Teach ``cfg.episodes`` through the graph into ``cfg.bag``; the summary (bag_summary plus the wall time).
     ``workdir`` keeps the processes' logs and params (default: a temporary one, kept when something fails).
     RuntimeError naming the logs when a process dies, the graph does not come up, or episodes are missing."""
-    from edgefm_ros.tools.bag.session import params_yaml
-
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="edgefm-teach-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -323,8 +319,6 @@ def run_teach(cfg: TeachConfig, workdir: str | Path | None = None,
 
 def add_teach_args(p) -> None:
     """``edgefm-sim teach``'s arguments (sim_cli adds the subcommand)."""
-    from edgefm_ros.sim.tasks import TASKS, TRAIN_SEEDS
-
     p.add_argument("--tasks", required=True, help=f"comma-separated ({','.join(TASKS)})")
     p.add_argument("--seeds", required=True, help=f"A-B (inclusive) or A,B,...: training seeds "
                    f"({TRAIN_SEEDS.start}-{TRAIN_SEEDS.stop - 1})")
@@ -339,8 +333,6 @@ def add_teach_args(p) -> None:
 
 
 def cmd_teach(args) -> int:
-    from edgefm_ros.sim.tasks import TRAIN_SEEDS, parse_seeds, parse_tasks
-
     seeds = parse_seeds(args.seeds)
     outside = [s for s in seeds if s not in TRAIN_SEEDS]
     if outside and not args.allow_eval_seeds:

@@ -5,7 +5,8 @@
   edgefm-vla bench   (same inputs) --warmup N --runs N --json FILE
   edgefm-vla profile (same inputs) [--json FILE]   per op family and stage: ms, GFLOP, rate, fraction of peak
   edgefm-vla plan    --checkpoint DIR [--vlm DIR] [--mode ...] [--table F.yaml ...]
-  edgefm-vla make-checkpoint --out DIR [--arch tiny|full] [--seed N] [--cameras N]
+  edgefm-vla make-checkpoint --out DIR [--arch tiny|small|compact128|full] [--seed N] [--cameras N]
+                     [--chunk-size N]
   edgefm-vla tune    --checkpoint DIR [--vlm DIR] [--budget-s S] [--dry-run] [--out F.yaml]
   edgefm-vla train   --dataset DIR --out CKPT [--arch tiny|small | --init CKPT] [--tasks T1,T2] [--steps N]
                      [--batch-size B] [--lr LR] [--seed N] [--threads N] [--chunk-size N] [--n-action-steps N]
@@ -27,27 +28,33 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from edgefm_ros.runtime.modes import MODES, TUNABLE
+from edgefm_ros.dispatch.modes import MODES, TUNABLE
+from edgefm_ros.dispatch.profile import OpProbe, format_rows, measure_peaks
+from edgefm_ros.housekeeping.cli import cli_main
+from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
+from edgefm_ros.runtime.engine import Engine
+from edgefm_ros.runtime.preprocess import ModelInputs
+from edgefm_ros.runtime.safetensors_mmap import load_all
+from edgefm_ros.runtime.tune import tune
+from edgefm_ros.training.cli import add_train_args, run_train
+from edgefm_ros.training.random_checkpoint import CHUNK_SIZE as RANDOM_CHUNK_SIZE
+from edgefm_ros.training.random_checkpoint import make_checkpoint
+from edgefm_ros.training.recipe import ARCHS
 
 
 def _engine(args, probe=None):
-    from edgefm_ros.runtime.engine import Engine
-
     return Engine.from_checkpoint(args.checkpoint, vlm_dir=args.vlm, mode=args.mode, tables=args.table,
                                   threads=args.threads, vision_position_ids=args.vision_position_ids, probe=probe)
 
 
 def _load_inputs(path: str) -> dict[str, torch.Tensor]:
-    from edgefm_ros.runtime.safetensors_mmap import load_all
-
     return load_all(path)  # cloned: aligned, owned memory (see the reference's parity notes)
 
 
 def model_inputs(engine, g: dict, args):
     """(ModelInputs, noise) from an inputs file, through preprocessing when --from-raw."""
-    from edgefm_ros.runtime.preprocess import ModelInputs
-
     cfg = engine.model_config
     if args.from_raw:
         frames = {k: g[f"raw.{k}"] for k in cfg.camera_keys if f"raw.{k}" in g}
@@ -65,8 +72,6 @@ def model_inputs(engine, g: dict, args):
 
 
 def cmd_predict(args) -> int:
-    from safetensors.torch import save_file
-
     engine = _engine(args)
     inp, noise = model_inputs(engine, _load_inputs(args.inputs), args)
     actions = engine.sample(inp, noise)
@@ -108,8 +113,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from edgefm_ros.runtime.profile import OpProbe, format_rows, measure_peaks
-
     probe = OpProbe(sync_cuda=True)
     engine = _engine(args, probe)
     inp, noise = model_inputs(engine, _load_inputs(args.inputs), args)
@@ -151,31 +154,24 @@ def cmd_plan(args) -> int:
 
 
 def cmd_make_checkpoint(args) -> int:
-    from .make_checkpoint import make_checkpoint
-
-    out = make_checkpoint(args.out, args.arch, args.seed, args.cameras)
-    print(f"wrote a RANDOM-WEIGHT {args.arch} SmolVLA checkpoint to {out} (seed {args.seed})")
+    out = make_checkpoint(args.out, args.arch, args.seed, args.cameras, chunk_size=args.chunk_size)
+    print(f"wrote a RANDOM-WEIGHT {args.arch} SmolVLA checkpoint to {out} (seed {args.seed}, "
+          f"{args.chunk_size}-action chunks)")
     return 0
 
 
 def cmd_tune(args) -> int:
-    from edgefm_ros.runtime.tune import tune
-
     return tune(checkpoint=args.checkpoint, vlm_dir=args.vlm, out_path=args.out, budget_s=args.budget_s,
                 dry_run=args.dry_run, resume=not args.no_resume, mode=args.mode, verbose=args.verbose,
                 vision_position_ids=args.vision_position_ids) or 0
 
 
 def cmd_train(args) -> int:
-    from edgefm_ros.training.cli import run_train
-
     return run_train(args)
 
 
 def vision_position_ids_arg(p: argparse.ArgumentParser) -> None:
     """``--vision-position-ids`` for every command that loads a checkpoint."""
-    from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
-
     p.add_argument("--vision-position-ids", default="auto", choices=VISION_POSITION_ID_CHOICES,
                    help="SmolVLM vision position ids the checkpoint was trained with: legacy (LeRobot 0.4.x, "
                         "transformers 4.55.1-4.57), fixed (LeRobot 0.3.x / >= 0.5, SmolVLA pretraining), auto "
@@ -219,9 +215,11 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_plan)
     p = sub.add_parser("make-checkpoint", help="write a deterministic random-weight checkpoint")
     p.add_argument("--out", required=True)
-    p.add_argument("--arch", default="tiny", choices=("tiny", "full"))
+    p.add_argument("--arch", default="tiny", choices=sorted(ARCHS), help="training's architectures (recipe.ARCHS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cameras", type=int, default=2)
+    p.add_argument("--chunk-size", type=int, default=RANDOM_CHUNK_SIZE,
+                   help=f"actions per chunk (default {RANDOM_CHUNK_SIZE}, SmolVLA's; not the arch's training default)")
     p.set_defaults(fn=cmd_make_checkpoint)
     p = sub.add_parser("tune", help="search kernel implementations, write config/dispatch/<hw>.yaml")
     p.add_argument("--checkpoint", required=True)
@@ -235,20 +233,15 @@ def parser() -> argparse.ArgumentParser:
     vision_position_ids_arg(p)
     p.set_defaults(fn=cmd_tune)
     p = sub.add_parser("train", help="train a SmolVLA checkpoint on a demonstration dataset (flow matching)")
-    from edgefm_ros.training.cli import add_train_args
-
     add_train_args(p)
     p.set_defaults(fn=cmd_train)
     return ap
 
 
+@cli_main("edgefm-vla", subcommands=True)  # bad input, checkpoint or table: one clear line, no traceback
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except ValueError as e:  # bad input, checkpoint or table: one clear line, no traceback
-        print(f"edgefm-vla {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
+    return args.fn(args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from .data import read_demos
 from .recipe import ARCHS, AUGMENTATIONS, TrainConfig
+from .trainer import train
 
 DEFAULTS = TrainConfig()
 
@@ -62,9 +64,6 @@ def recipe_from_args(args) -> TrainConfig:
 
 
 def run_train(args) -> int:
-    from .data import read_demos
-    from .trainer import train
-
     cfg = recipe_from_args(args)  # ValueError naming a bad value before anything is read
     log_file = open(args.log, "a") if args.log else None
 

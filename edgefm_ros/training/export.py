@@ -20,9 +20,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 from safetensors.torch import save_file
+from tokenizers import AddedToken, Tokenizer
 
 from edgefm_ros.models.config import SmolVLAConfig, VlmConfig
-from edgefm_ros.tools.make_checkpoint import policy_config, random_weights, write_processors, write_vlm_dir
+
+from .random_checkpoint import policy_config, random_weights, write_processors, write_vlm_dir
 
 TRAIN_RECORD = "edgefm_train.json"
 LM_HEAD_KEY = "model.vlm_with_expert.vlm.lm_head.weight"
@@ -33,11 +35,9 @@ PROCESSOR_TOKENS = {"fake_image_token": "<fake_token_around_image>", "image_toke
 
 
 def write_backbone(vdir: Path, arch: dict, instructions: Sequence[str] = ()) -> dict:
-    """``vdir``: config.json + tokenizer (make_checkpoint's, plus the processor's special tokens) +
+    """``vdir``: config.json + tokenizer (random_checkpoint's, plus the processor's special tokens) +
     processor configs, so both the Engine and LeRobot (AutoConfig/AutoProcessor) read it. Returns
     the config dict."""
-    from tokenizers import AddedToken, Tokenizer
-
     vlm_dict = write_vlm_dir(vdir, arch, instructions)  # the tokenizer learns the instructions' words
     tok = Tokenizer.from_file(str(vdir / "tokenizer.json"))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in PROCESSOR_TOKENS.values()])
@@ -70,7 +70,7 @@ def write_backbone(vdir: Path, arch: dict, instructions: Sequence[str] = ()) -> 
 
 
 def initial_weights(cfg: SmolVLAConfig, vlm: VlmConfig, seed: int) -> dict[str, torch.Tensor]:
-    """From-scratch initialisation: make_checkpoint's seeded shapes and 1/sqrt(fan_in) matrices, norm
+    """From-scratch initialisation: random_checkpoint's seeded shapes and 1/sqrt(fan_in) matrices, norm
     scales 1 and biases 0; lm_head (never trained, kept for LeRobot's strict load) zero."""
     w = random_weights(cfg, vlm, seed)
     for k, t in w.items():
@@ -87,7 +87,7 @@ def new_policy_config(arch: dict, cameras: Mapping[str, tuple[int, int]], state_
     hw = {tuple(v) for v in cameras.values()}
     if len(hw) != 1:
         raise ValueError(f"cameras must share one image size, got {dict(cameras)}")
-    d = policy_config({**arch, "chunk_size": chunk_size}, "vlm", list(cameras), hw.pop(), action_dim)
+    d = policy_config(arch, "vlm", list(cameras), hw.pop(), action_dim, chunk_size)
     d["input_features"]["observation.state"]["shape"] = [state_dim]
     d.update({"tags": ["edgefm-trained"], "n_action_steps": n_action_steps, "chunk_size": chunk_size,
               "freeze_vision_encoder": False, "train_expert_only": False, "train_state_proj": True})

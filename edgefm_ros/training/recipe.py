@@ -15,7 +15,10 @@ from edgefm_ros.models.config import VISION_POSITION_IDS
 
 AUGMENTATIONS = ("none", "conditions")  # TrainConfig.augment (training/augment.py implements them)
 
-# Small SmolVLA architectures (same wiring as SmolVLA-450M), in tools/make_checkpoint.ARCHS' format.
+# The SmolVLA architectures (same wiring as SmolVLA-450M), for training from scratch and for random-weight
+# checkpoints (random_checkpoint.py, ``edgefm-vla make-checkpoint``). ``chunk_size`` is training's default
+# (``--chunk-size`` overrides it); a random-weight checkpoint takes its chunk size from its caller
+# (random_checkpoint.CHUNK_SIZE, SmolVLA's 50, unless told).
 ARCHS = {
     # ~1.3 M parameters: 64x64 images, patch 8 -> 64 patches, pixel shuffle 2 -> 16 tokens per camera
     "tiny": dict(vision=dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -37,6 +40,12 @@ ARCHS = {
                        text=dict(hidden_size=96, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                                  num_key_value_heads=2, head_dim=24),
                        scale_factor=2, num_vlm_layers=4, resize=[128, 128], chunk_size=50, num_steps=10),
+    # SmolVLA-450M's architecture on SmolVLM2-500M (random weights: 1.8 GB)
+    "full": dict(vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                             image_size=512, patch_size=16),
+                 text=dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                           num_key_value_heads=5, head_dim=64),
+                 scale_factor=4, num_vlm_layers=16, resize=[512, 512], chunk_size=50, num_steps=10),
 }
 
 

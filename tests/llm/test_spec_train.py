@@ -2,12 +2,12 @@
 distribution, and a few training steps cut the training-time-test loss."""
 import torch
 
-from edgefm_ros.runtime.generate import SamplingConfig
-from edgefm_ros.runtime.speculative import build_draft, draft_config_for, draft_ops, init_draft_weights
+from edgefm_ros.generation.generate import SamplingConfig
+from edgefm_ros.generation.speculative import build_draft, draft_config_for, draft_ops, init_draft_weights
 
 
 def test_collect_is_the_targets_own_output(engine):
-    from edgefm_ros.tools.train_draft import collect, default_prompts
+    from edgefm_ros.training.speculative_draft import collect, default_prompts
 
     cfg = draft_config_for(engine, 512, inner=64)
     prompts = default_prompts(4)
@@ -32,7 +32,7 @@ def test_collect_is_the_targets_own_output(engine):
 
 
 def test_training_improves_the_draft(engine):
-    from edgefm_ros.tools.train_draft import collect, default_prompts, draft_losses, draft_vocabulary, train
+    from edgefm_ros.training.speculative_draft import collect, default_prompts, draft_losses, draft_vocabulary, train
 
     cfg = draft_config_for(engine, 512, inner=64)
     data = collect(engine, default_prompts(6), 10, cfg.taps, batch=6, log=lambda s: None)

@@ -15,7 +15,7 @@ HZ_LINE = re.compile(r"average rate: ([0-9.]+)")
 
 
 def need_ros2_launch() -> None:
-    from edgefm_ros.tools.launch_cycles import ros2_launch_available
+    from edgefm_ros.tools.graph import ros2_launch_available
 
     require_material(ros2_launch_available(), "ros2 launch / the ros2 CLI are not installed (scripts/setup.sh "
                      "installs them from ../shared/ros2-jazzy)")
@@ -23,7 +23,7 @@ def need_ros2_launch() -> None:
 
 def write_params(path: Path, tiny_model, **per_node) -> str:
     """The replay tests' node parameters for the tiny model (autostart true), overrides per node."""
-    from edgefm_ros.tools.bag.session import params_yaml
+    from edgefm_ros.tools.graph import params_yaml
 
     params = node_params(tiny_model)
     for node, over in per_node.items():

@@ -14,7 +14,7 @@ COMMAND_TOPIC = "/edgefm/command"
 
 def with_router() -> bool:
     """router_node is part of the graph once it exists (installed by colcon)."""
-    from edgefm_ros.tools.bag.session import installed_executable
+    from edgefm_ros.tools.graph import installed_executable
 
     return importlib.util.find_spec("edgefm_ros.nodes.router_node") is not None and \
         installed_executable("router_node") is not None
@@ -45,7 +45,7 @@ def node_params(tiny_model, vla=None, action=None) -> dict:
 
 
 def record_topics() -> tuple[str, ...]:
-    from edgefm_ros.tools.bag.session import OUTPUT_TOPICS
+    from edgefm_ros.tools.graph import OUTPUT_TOPICS
 
     return OUTPUT_TOPICS + (COMMAND_TOPIC,)
 

@@ -62,7 +62,7 @@ def test_cloud_chunks_then_server_killed_edge_takes_over(ros, tiny_model, short_
     from edgefm_ros.routing.config import load_router_config
     from edgefm_ros.routing.log import read_log
     from edgefm_ros.tools.bag.analyze import command_timing, read_run
-    from edgefm_ros.tools.bag.session import ReplaySession
+    from edgefm_ros.tools.graph import ReplaySession
 
     ckpt, vlm = tiny_model
     router_cfg = load_router_config(ROUTER_DEMO)
@@ -144,7 +144,7 @@ def test_cloud_chunks_then_server_killed_edge_takes_over(ros, tiny_model, short_
 
 
 def test_demo_with_the_cloud(ros, tiny_model, tmp_path, ros_domain_id, capsys):
-    """`edgefm-demo --bag --cloud --shadow F`: the long instruction goes to the cloud, the short one stays on
+    """`edgefm-demo bag --cloud --shadow F`: the long instruction goes to the cloud, the short one stays on
     the edge (config/router_demo.yaml); the summary says where the cloud ran and its round trip."""
     pytest.importorskip("matplotlib")
     from cloud_support import need_server_deps
@@ -155,7 +155,7 @@ def test_demo_with_the_cloud(ros, tiny_model, tmp_path, ros_domain_id, capsys):
     from edgefm_ros.tools import demo
 
     out = tmp_path / "out"
-    rc = demo.main(["--bag", "--cloud", "--shadow", "0.5", "--checkpoint", tiny_model[0], "--vlm", tiny_model[1],
+    rc = demo.main(["bag", "--cloud", "--shadow", "0.5", "--checkpoint", tiny_model[0], "--vlm", tiny_model[1],
                     "--out", str(out), "--duration", "6", "--width", "96", "--height", "72",
                     "--domain-id", str(ros_domain_id)])
     text = capsys.readouterr().out

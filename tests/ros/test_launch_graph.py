@@ -38,7 +38,7 @@ def test_show_args_lists_and_explains_every_argument(launch_ready):
 def test_replay_launch_comes_up_commands_at_rate_and_sigint_ends_all(launch_ready, tiny_model, short_bag,
                                                                       tmp_path, ros_domain_id):
     from edgefm_ros.tools.bag.analyze import command_timing, read_run
-    from edgefm_ros.tools.launch_cycles import LaunchedGraph
+    from edgefm_ros.tools.graph import LaunchedGraph
 
     params = write_params(tmp_path / "params.yaml", tiny_model)
     obs = DiagnosticsObserver(ros_domain_id)

@@ -83,7 +83,7 @@ def _wait(pred, timeout: float) -> bool:
 
 
 def test_graph_under_a_namespace_talks_to_its_peers(launch_ready, tiny_model, short_bag, tmp_path, ros_domain_id):
-    from edgefm_ros.tools.launch_cycles import LaunchedGraph
+    from edgefm_ros.tools.graph import LaunchedGraph
 
     ckpt, vlm = tiny_model
     obs = DiagnosticsObserver(ros_domain_id)

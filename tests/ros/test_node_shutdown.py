@@ -168,7 +168,7 @@ CASES = [("vla_node", "unconfigured", signal.SIGINT), ("vla_node", "inactive", s
 
 @pytest.mark.parametrize("name,state,sig", CASES, ids=[f"{n}-{s}-{g.name}" for n, s, g in CASES])
 def test_node_exits_0_on_signal_in_every_state(ros, tiny_model, tmp_path, ros_domain_id, name, state, sig):
-    from edgefm_ros.tools.bag.session import node_command, params_yaml
+    from edgefm_ros.tools.graph import node_command, params_yaml
 
     params = node_params(tiny_model)
     for p in params.values():
@@ -232,7 +232,7 @@ def test_node_exits_0_on_signal_in_every_state(ros, tiny_model, tmp_path, ros_do
 def test_sigkilled_node_leaves_segments_that_clean_removes(ros, tiny_model, tmp_path, ros_domain_id):
     """SIGKILL runs nothing in the node: its segment stays in /dev/shm until the clean-up (what the launch
     files, the demo and the eval tools run at start) removes it; a live participant's files stay."""
-    from edgefm_ros.tools.bag.session import node_command, params_yaml
+    from edgefm_ros.tools.graph import node_command, params_yaml
 
     params = node_params(tiny_model)
     (tmp_path / "params.yaml").write_text(params_yaml({"action_node": params["action_node"]}))
@@ -266,7 +266,7 @@ def test_sigkilled_node_leaves_segments_that_clean_removes(ros, tiny_model, tmp_
 def test_node_refusing_its_parameters_leaves_no_shared_memory(ros, tmp_path, ros_domain_id, name, bad):
     """A node that exits 2 on an invalid parameter (refused while it was being built) still deletes its DDS
     participant: no Fast DDS file appears that no process uses."""
-    from edgefm_ros.tools.bag.session import node_command
+    from edgefm_ros.tools.graph import node_command
 
     before = {p.name for p in shm.SHM_DIR.iterdir()}
     r = subprocess.run(node_command(name) + ["--ros-args", "-p", bad], capture_output=True, text=True, timeout=60,

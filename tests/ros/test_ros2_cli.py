@@ -26,7 +26,7 @@ def graph(ros, tiny_model, tmp_path_factory):
     """The launched graph, the ros2 daemon of its domain and a /diagnostics observer; on teardown SIGINT
     and the exit codes checked."""
     need_ros2_launch()
-    from edgefm_ros.tools.launch_cycles import LaunchedGraph
+    from edgefm_ros.tools.graph import LaunchedGraph
 
     tmp = tmp_path_factory.mktemp("cli")
     domain = 10 + (int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) * 7 + os.getpid() + 45) % 90

@@ -13,7 +13,7 @@ def test_demo_runs_and_reports(ros, tmp_path, monkeypatch, ros_domain_id, capsys
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the demo checkpoint is made afresh
     out = tmp_path / "out"
-    rc = demo.main(["--bag", "--out", str(out), "--duration", "5", "--width", "96", "--height", "72",
+    rc = demo.main(["bag", "--out", str(out), "--duration", "5", "--width", "96", "--height", "72",
                     "--domain-id", str(ros_domain_id)])
     text = capsys.readouterr().out
     assert rc == 0, text

@@ -20,7 +20,7 @@ def _play_in_background(session, bag, **kw):
 
 def test_vla_node_killed_action_node_holds_and_reports(ros, tiny_model, short_bag, tmp_path, ros_domain_id):
     from edgefm_ros.tools.bag.analyze import command_timing, read_run
-    from edgefm_ros.tools.bag.session import ReplaySession
+    from edgefm_ros.tools.graph import ReplaySession
 
     with ReplaySession(tmp_path, node_params(tiny_model), ("vla_node", "action_node"), ros_domain_id,
                        record_topics()) as s:
@@ -53,7 +53,7 @@ def test_vla_node_killed_action_node_holds_and_reports(ros, tiny_model, short_ba
 
 def test_stopped_camera_is_refused_and_reported(ros, tiny_model, short_bag, tmp_path, ros_domain_id):
     from edgefm_ros.tools.bag.analyze import read_run
-    from edgefm_ros.tools.bag.session import ReplaySession
+    from edgefm_ros.tools.graph import ReplaySession
 
     with ReplaySession(tmp_path, node_params(tiny_model), ("vla_node", "action_node"), ros_domain_id,
                        record_topics()) as s:
@@ -110,7 +110,7 @@ def test_malformed_messages_do_not_crash_and_produce_nothing(ros, tiny_model, tm
     from edgefm_ros.sensors.camera import encode_jpeg
     from edgefm_ros.tools.bag.analyze import read_run
     from edgefm_ros.tools.bag.make import published_joint_order
-    from edgefm_ros.tools.bag.session import ReplaySession
+    from edgefm_ros.tools.graph import ReplaySession
     from edgefm_ros.tools.bag.synth import Scene, SceneConfig, joint_positions
 
     rng = np.random.default_rng()

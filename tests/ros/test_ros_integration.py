@@ -41,7 +41,7 @@ def _chunk_actions(path: str) -> list[np.ndarray]:
 
 def test_replay_through_the_nodes(ros, tiny_model, short_bag, tmp_path, ros_domain_id):
     from edgefm_ros.tools.bag.analyze import command_timing, read_run
-    from edgefm_ros.tools.bag.session import ReplaySession, installed_executable
+    from edgefm_ros.tools.graph import ReplaySession, installed_executable
 
     for name in ("vla_node", "action_node"):
         assert installed_executable(name) is not None, f"{name} is not installed (colcon build)"

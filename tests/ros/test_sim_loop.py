@@ -30,7 +30,7 @@ def random_sim_checkpoint(tmp_path_factory):
     """A random-weight SmolVLA with the simulator's features (two 64x64 cameras, state/action 4), chunk 16."""
     import torch
 
-    from edgefm_ros.tools.make_checkpoint import make_checkpoint, write_processors
+    from edgefm_ros.training.random_checkpoint import make_checkpoint, write_processors
 
     out = tmp_path_factory.mktemp("ckpt") / "random-sim"
     make_checkpoint(out, arch="tiny", seed=0, cameras=2, raw_hw=(64, 64), dim=4)
@@ -104,7 +104,7 @@ def test_bad_commands_never_move_the_arm(sim, kind, tmp_path, ros_domain_id):
     good command (names in another order) moves it to its target."""
     from edgefm_ros.ros.commands import COMMAND_MSG
     from edgefm_ros.ros import qos
-    from edgefm_ros.tools.bag.session import ReplaySession
+    from edgefm_ros.tools.graph import ReplaySession
 
     rng = np.random.default_rng()
     params = {"sim_node": dict(episodes=["reach:1000"], timeout_s=60.0, command_type=kind,

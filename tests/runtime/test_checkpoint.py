@@ -114,7 +114,7 @@ def test_make_checkpoint_roundtrip(tmp_path):
     """The demo's generated checkpoint is deterministic and loads through the same path."""
     import numpy as np
 
-    from edgefm_ros.tools.make_checkpoint import make_checkpoint
+    from edgefm_ros.training.random_checkpoint import make_checkpoint
 
     a = make_checkpoint(tmp_path / "a", seed=3)
     b = make_checkpoint(tmp_path / "b", seed=3)
@@ -133,8 +133,8 @@ def test_fast_engine_builds_past_a_tuned_record_this_machine_cannot_run(tiny, tm
     import yaml
 
     from edgefm_ros.runtime import engine as engine_mod
-    from edgefm_ros.runtime import resolver as resolver_mod
-    from edgefm_ros.runtime.hardware import detect
+    from edgefm_ros.dispatch import resolver as resolver_mod
+    from edgefm_ros.dispatch.hardware import detect
 
     profile = detect("cpu").profile
     tuned = tmp_path / f"{profile}.yaml"
@@ -163,8 +163,8 @@ def test_fast_engine_warns_when_its_tuned_table_was_measured_on_another_machine(
     import yaml
 
     from edgefm_ros.runtime import engine as engine_mod
-    from edgefm_ros.runtime import resolver as resolver_mod
-    from edgefm_ros.runtime.hardware import detect
+    from edgefm_ros.dispatch import resolver as resolver_mod
+    from edgefm_ros.dispatch.hardware import detect
 
     hw = detect("cpu")
     table = {"records": [{"hw_profile": hw.profile, "op_kind": "rms_norm", "impl_id": "ref"}]}

@@ -129,7 +129,7 @@ def test_engine_auto_follows_the_sidecar_to_parity(tiny, tmp_path, goldens_by_co
 
 
 def test_generated_checkpoints_record_their_convention(tmp_path):
-    from edgefm_ros.tools.make_checkpoint import make_checkpoint
+    from edgefm_ros.training.random_checkpoint import make_checkpoint
 
     out = make_checkpoint(tmp_path / "demo", seed=1)
     assert read_numerics(out)["vision_position_ids"] == "fixed"

@@ -75,7 +75,7 @@ def test_bad_chunks_are_refused(env, chunk):
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     pytest.importorskip("torch")
-    from edgefm_ros.tools.make_checkpoint import make_checkpoint
+    from edgefm_ros.training.random_checkpoint import make_checkpoint
 
     out = make_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", "tiny", cameras=2, raw_hw=(32, 32), dim=4)
     cfg = json.loads((out / "config.json").read_text())

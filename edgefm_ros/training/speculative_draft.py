@@ -32,12 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgefm_ros.runtime.dispatch import OpResolver
-from edgefm_ros.runtime.generate import LlmEngine, causal_mask, run_layers
-from edgefm_ros.runtime.kv_cache import StaticKVCache
-from edgefm_ros.runtime.modes import check_mode
-from edgefm_ros.runtime.resolver import build_resolver
-from edgefm_ros.runtime.speculative import DraftConfig, build_draft, draft_config_for, init_draft_weights
+from edgefm_ros.dispatch.table import OpResolver
+from edgefm_ros.generation.generate import LlmEngine, causal_mask, run_layers
+from edgefm_ros.generation.kv_cache import StaticKVCache
+from edgefm_ros.dispatch.modes import check_mode
+from edgefm_ros.dispatch.resolver import build_resolver
+from edgefm_ros.generation.speculative import DraftConfig, build_draft, draft_config_for, init_draft_weights
 
 _TASKS = ("Explain {} in two sentences.", "Write a short poem about {}.", "Give three facts about {}.",
           "What is {}? Answer briefly.", "List the steps to learn about {}.", "Describe {} to a child.",

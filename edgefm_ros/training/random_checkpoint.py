@@ -1,9 +1,14 @@
-"""Deterministic random-weight SmolVLA checkpoints in LeRobot's layout (the demo's embedded model).
+"""Deterministic random-weight SmolVLA checkpoints in LeRobot's layout (``edgefm-vla make-checkpoint``: the
+demo's embedded model, the tests' models), and the layout writers training's export uses too.
 
 The weights are RANDOM (seeded): the model runs the real SmolVLA computation but its actions mean
 nothing. Every file written says so (config ``tags``, ``README.md``). The backbone directory (config,
 a small byte-level BPE tokenizer trained here on a fixed corpus) is written next to it and named in
 ``config.json``'s ``vlm_model_name`` by path, so the checkpoint is self-contained.
+
+The architectures are training's (recipe.ARCHS). Their ``chunk_size`` is training's default; a random
+checkpoint takes its chunk size from the caller instead, SmolVLA's 50 unless told (the demo checkpoint and
+the tests' random-weight checkpoints were always made with 50).
 """
 from __future__ import annotations
 
@@ -13,9 +18,12 @@ from typing import Sequence
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from edgefm_ros.models.config import SmolVLAConfig, VlmConfig, expert_inner
 from edgefm_ros.runtime.checkpoint import write_numerics
+
+from .recipe import ARCHS
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
@@ -25,27 +33,14 @@ CORPUS = [
     "Pour the water into the glass.", "Hand me the screwdriver.", "Sort the blocks by color.",
 ] * 4
 
-ARCHS = {
-    # a small SmolVLA (same wiring as the real one); runs in milliseconds on a CPU
-    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                             image_size=64, patch_size=8),
-                 text=dict(hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=16),
-                 scale_factor=2, num_vlm_layers=4, resize=[64, 64], chunk_size=50, num_steps=10),
-    # SmolVLA-450M's architecture on SmolVLM2-500M (random weights, 1.8 GB)
-    "full": dict(vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                             image_size=512, patch_size=16),
-                 text=dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
-                           num_key_value_heads=5, head_dim=64),
-                 scale_factor=4, num_vlm_layers=16, resize=[512, 512], chunk_size=50, num_steps=10),
-}
+# SmolVLA's action chunk: a random-weight checkpoint's, unless its caller asks for another (recipe.ARCHS'
+# chunk_size is training's default, 16 for the tiny)
+CHUNK_SIZE = 50
 
 
 def write_tokenizer(out: Path, extra_corpus: Sequence[str] = ()) -> int:
     """A byte-level BPE trained on CORPUS (+ ``extra_corpus``, e.g. a dataset's instructions, so they
     become few tokens). Returns the vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False)])
@@ -107,13 +102,15 @@ def write_processors(out: Path, stats: dict[str, dict[str, torch.Tensor]], eps: 
                                                               indent=2))
 
 
-def policy_config(arch: dict, vlm_name: str, cameras: list[str], raw_hw: tuple[int, int], dim: int) -> dict:
+def policy_config(arch: dict, vlm_name: str, cameras: list[str], raw_hw: tuple[int, int], dim: int,
+                  chunk_size: int) -> dict:
+    """config.json of ``arch`` with ``chunk_size`` actions per chunk (all executed: n_action_steps)."""
     feats = {c: {"type": "VISUAL", "shape": [3, *raw_hw]} for c in cameras}
     feats["observation.state"] = {"type": "STATE", "shape": [dim]}
     return {"type": "smolvla", "n_obs_steps": 1, "input_features": feats,
             "output_features": {"action": {"type": "ACTION", "shape": [dim]}}, "device": "cpu",
-            "tags": ["random-weights", "edgefm-demo"], "chunk_size": arch["chunk_size"],
-            "n_action_steps": arch["chunk_size"],
+            "tags": ["random-weights", "edgefm-demo"], "chunk_size": chunk_size,
+            "n_action_steps": chunk_size,
             "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"},
             "max_state_dim": 32, "max_action_dim": 32, "resize_imgs_with_padding": arch["resize"], "empty_cameras": 0,
             "tokenizer_max_length": 48, "num_steps": arch["num_steps"], "use_cache": True,
@@ -180,17 +177,20 @@ def random_weights(cfg: SmolVLAConfig, vlm: VlmConfig, seed: int) -> dict[str, t
 
 
 def make_checkpoint(out: str | Path, arch: str = "tiny", seed: int = 0, cameras: int = 2,
-                    raw_hw: tuple[int, int] = (480, 640), dim: int = 6) -> Path:
-    """Write ``out/`` (the checkpoint) and ``out/vlm/`` (its backbone files). Returns ``out``."""
+                    raw_hw: tuple[int, int] = (480, 640), dim: int = 6, chunk_size: int = CHUNK_SIZE) -> Path:
+    """Write ``out/`` (the checkpoint) and ``out/vlm/`` (its backbone files). Returns ``out``. ``arch``: a
+    name of recipe.ARCHS; ``chunk_size``: actions per chunk (not the arch's training default)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHS)}")
     if not 1 <= cameras <= 8:
         raise ValueError(f"cameras must be in 1..8, got {cameras}")
+    if not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     a = ARCHS[arch]
     out = Path(out)
     vlm_dict = write_vlm_dir(out / "vlm", a)
     cams = [f"observation.images.camera{i + 1}" for i in range(cameras)]
-    pcfg = policy_config(a, "vlm", cams, raw_hw, dim)  # relative: resolved next to the checkpoint
+    pcfg = policy_config(a, "vlm", cams, raw_hw, dim, chunk_size)  # relative: resolved next to the checkpoint
     (out / "config.json").write_text(json.dumps(pcfg, indent=2))
     cfg, vlm = SmolVLAConfig.from_dict(pcfg), VlmConfig.from_dict(vlm_dict)
     save_file(random_weights(cfg, vlm, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
