@@ -17,21 +17,17 @@ observation, the route decision and the queue state, publishes the chunk and rep
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 
-from edgefm_ros.cloud.client.base import read_token
-from edgefm_ros.cloud.client.policy import CloudPolicy, RemotePolicy
+from edgefm_ros.cloud.client.policy import RemotePolicy
 from edgefm_ros.control.request import ChunkRequester
 from edgefm_ros.control.rtc import ChunkContinuation
 from edgefm_ros.control.slot import LatestSlot
@@ -40,25 +36,21 @@ from edgefm_ros.msg import ActionChunk as ActionChunkMsg
 from edgefm_ros.msg import QueueStatus
 from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
 from edgefm_ros.params.vla import VlaNodeConfig
-from edgefm_ros.placement.shadow import Shadow, make_shadow
-from edgefm_ros.placement.vla import Computed, Placement, Rejected, make_placement
+from edgefm_ros.placement.engine_thread import EngineThread
+from edgefm_ros.placement.vla import Computed, Placement, Rejected
+from edgefm_ros.placement.vla_build import load_engine, make_cloud_policy, make_placement
+from edgefm_ros.placement.vla_requests import ChunkRequests
 from edgefm_ros.ros import diagnostics as diag
 from edgefm_ros.ros import qos
 from edgefm_ros.ros.convert import chunk_to_msg, msg_to_frame, msg_to_route, to_sec
 from edgefm_ros.sensors.joints import JointOrder
 from edgefm_ros.ros.lifecycle import ManagedNode
 from edgefm_ros.ros.link_samples import LinkSamples
-from edgefm_ros.sensors.observation import RefusalCounter, Refusal, SensorCache, Snapshot, assemble
+from edgefm_ros.sensors.observation import Refusal, SensorCache, Snapshot
 from edgefm_ros.ros.on_demand import OnDemandSubscriptions
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.threads.worker import Worker
-from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.types import RouteDecision
-
-
-def _expand(path: str) -> str | None:
-    """~ and $VARS expanded; None for an empty path."""
-    return os.path.expanduser(os.path.expandvars(path)) if path else None
 
 
 class VlaNode(ManagedNode):
@@ -70,38 +62,28 @@ class VlaNode(ManagedNode):
         self.engine = None
         self.remote: RemotePolicy | None = remote  # optional (tests inject one)
         self._own_remote = False  # made from cloud_url at configure (closed at cleanup)
-        self._shadow: Shadow | None = None
         self._placement: Placement | None = None  # edge/cloud/fallback/shadow and RTC, made at configure
         self._run_id = uuid.uuid4().hex[:8]  # request ids in the shadow log: <run>-<seq>
         self._active = False
         self._worker: Worker | None = None
-        # the one thread that builds, warms up and runs the engine (made at configure): torch's OpenMP pool
-        # belongs to the thread that calls it, and a second pool (the executor's) throttles both to sleeping
-        # between parallel regions on 2 cores: a chunk built/warmed here and run on a worker took 1.1-1.4 s,
-        # on one thread 0.9 s
-        self._model: ThreadPoolExecutor | None = None
+        self._model: EngineThread | None = None  # builds, warms up and runs the engine (made at configure)
         self._slot: LatestSlot = LatestSlot()
         self._req_lock = threading.Lock()
         self._requester = ChunkRequester()
         self._route: tuple[RouteDecision, float] | None = None  # (decision, received at)
-        self._seq = 0
         self._cameras: OnDemandSubscriptions | None = None  # made at configure
-        self.refusals, self.bad_messages, self.routes = RefusalCounter(), Counter(), Counter()
+        self.requests = ChunkRequests()  # observation, route in force, stamping; chunks and refusals counted
+        self.bad_messages: Counter[str] = Counter()
         self.last_bad_message, self._bad_recent = "", 0  # malformed messages since the last diagnostics
-        self.errors = self.chunks = 0
-        self.last_outcome = ""  # "chunk" or "refused"
+        self.errors = 0
         self.lat = {k: RollingStats() for k in ("prefill", "decode", "compute", "frame_to_chunk", "cloud_call")}
-        self.last_route = "edge (no decision)"
 
     # lifecycle -------------------------------------------------------------------------------------------
     def configure(self, c: VlaNodeConfig) -> None:
         log = self.get_logger()
         t0 = time.perf_counter()
-        self._model = ThreadPoolExecutor(1, thread_name_prefix="vla-model")
-        self.engine = self._on_model(
-            Engine.from_checkpoint, _expand(c.checkpoint), _expand(c.vlm_dir), mode=c.mode,
-            tables=[_expand(t) for t in c.tables], threads=c.threads or None,
-            vision_position_ids=c.vision_position_ids, rtc=c.rtc())
+        self._model = EngineThread("vla-model")
+        self.engine = self._model.run(load_engine, c)
         spec = self.engine.spec
         self.cfg = c = c.for_model(spec.camera_keys, spec.state_dim, spec.action_dim)
         log.info(f"model {spec.name} loaded in {time.perf_counter() - t0:.2f}s: cameras {list(spec.camera_keys)}, "
@@ -110,10 +92,8 @@ class VlaNode(ManagedNode):
         self.order = JointOrder(c.state_joint_names)
         self.cache = SensorCache(c.camera_keys)
         self.cache.put_task(c.default_task, 0.0)
-        self._image_hw = {k: (s[1], s[2]) for k, s in spec.image_shapes.items()}
-        if self.remote is None and c.cloud_url:  # the bearer token from $EDGEFM_CLOUD_TOKEN, as for edgefm-cloud
-            link = LinkSamples.on(self, c.link_sample_topic)
-            self.remote = CloudPolicy(c.cloud_url, read_token(), link=link, joint_names=c.action_names)
+        if self.remote is None and c.cloud_url:
+            self.remote = make_cloud_policy(c, LinkSamples.on(self, c.link_sample_topic))
             self._own_remote = True
         self._chunk_pub = self.create_lifecycle_publisher(ActionChunkMsg, c.chunk_topic, qos.RELIABLE)
         self._cameras = OnDemandSubscriptions(self, "cameras")
@@ -125,20 +105,16 @@ class VlaNode(ManagedNode):
         self.create_subscription(QueueStatus, c.queue_status_topic, self._on_queue_status, qos.LATEST)
         self.create_subscription(RouteDecisionMsg, c.route_topic, self._on_route, qos.LATEST)
         self._requester = ChunkRequester(c.merge_timeout_s)
-        try:
-            self._shadow = self._on_model(make_shadow, c, self.engine)
-        except (ValueError, OSError) as e:
-            raise ValueError(f"shadow mode: {e}") from e
-        if self._shadow is not None:
-            log.info(f"shadow mode: {c.shadow_fraction:g} of routed requests also run on the other placement; "
-                     f"log {self._shadow.cfg.log}")
         # edge/cloud/fallback/shadow, and real-time chunking's state (the last chunk sent, the delay estimate)
-        self._placement = make_placement(self.engine, c, self._run_id, self._shadow, self.lat, self._placement_log)
+        self._placement = self._model.run(make_placement, self.engine, c, self._run_id, self.lat, self._placement_log)
+        if self._placement.shadow is not None:
+            log.info(f"shadow mode: {c.shadow_fraction:g} of routed requests also run on the other placement; "
+                     f"log {self._placement.shadow.cfg.log}")
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         t0 = time.perf_counter()
         try:
-            self._on_model(self.engine.warmup)
+            self._model.run(self.engine.warmup)
         except Exception as e:
             self.get_logger().error(f"warm-up failed: {e}")
             return TransitionCallbackReturn.FAILURE
@@ -146,7 +122,7 @@ class VlaNode(ManagedNode):
         ret = super().on_activate(state)
         self._slot = LatestSlot()
         self._requester = ChunkRequester(self.cfg.merge_timeout_s)
-        self._worker = Worker("inference", self._slot, lambda item: self._on_model(self._serve, item),
+        self._worker = Worker("inference", self._slot, lambda item: self._model.run(self._serve, item),
                               poll_s=0.2).start()
         self._active = True
         return ret
@@ -173,11 +149,11 @@ class VlaNode(ManagedNode):
             self._cameras.close()
             self._cameras = None
         self._close_remote()
-        self._close_shadow()
+        self._close_placement()
         if self._model is not None:
-            self._model.shutdown(wait=False, cancel_futures=True)  # the worker (joined) sent it the last call
+            self._model.close()  # the worker (joined) sent it the last call
             self._model = None
-        self.engine = self._route = self._placement = None
+        self.engine = self._route = None
 
     def stop_for_exit(self) -> None:
         """Before the process exits: the cloud client's connections and threads closed (a call in flight fails
@@ -185,21 +161,18 @@ class VlaNode(ManagedNode):
         self._active = False  # the request in hand publishes nothing and gets no edge fallback
         self._close_remote()  # a cloud call in flight fails now, not at its deadline
         super().stop_for_exit()
-        self._close_shadow()
+        if self._placement is not None:
+            self._placement.close()
 
     def _close_remote(self) -> None:
         if self._own_remote and self.remote is not None:
             self.remote.close()
             self.remote, self._own_remote = None, False
 
-    def _close_shadow(self) -> None:
-        if self._shadow is not None:
-            self._shadow.close()
-            self._shadow = None
-
-    def _on_model(self, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` on the model thread, waited for; its exception re-raised here."""
-        return self._model.submit(fn, *args, **kwargs).result()
+    def _close_placement(self) -> None:
+        if self._placement is not None:
+            self._placement.close()  # shadow mode's log
+            self._placement = None
 
     @property
     def _rtc(self) -> ChunkContinuation | None:
@@ -270,20 +243,13 @@ class VlaNode(ManagedNode):
                 self._requester.finished(seq, self._now())
 
     def _compute(self, snap: Snapshot, route, queue_empty: bool = False) -> int:
-        c, spec = self.cfg, self.engine.spec
-        now = self._now()
-        obs = assemble(snap, required=c.required, model_keys=spec.camera_keys, image_hw=self._image_hw,
-                       max_age_s=c.max_observation_age_s, now=now, resize=c.resize_images)
+        c, req, now = self.cfg, self.requests, self._now()
+        obs = req.observation(snap, c, self.engine.spec, now)
         if isinstance(obs, Refusal):
             return self._refuse(obs)
-        fresh = c.use_route and route is not None and now - route[1] <= c.route_max_age_s
-        decision = route[0] if fresh else None
-        self.last_route = "edge (no decision)" if decision is None else \
-            f"{decision.target} ({decision.candidate}: {decision.reason})"
-        seq = self._seq + 1
         try:
-            out: Computed | None = self._placement.compute(obs, decision, seq, self.remote, queue_empty,
-                                                            active=lambda: self._active)
+            out: Computed | None = self._placement.compute(obs, req.decision(route, c, now), req.seq + 1, self.remote,
+                                                            queue_empty, active=lambda: self._active)
         except Rejected as e:
             return self._refuse(Refusal("model_rejected", str(e)))
         if out is None:
@@ -291,18 +257,14 @@ class VlaNode(ManagedNode):
         if c.inference_delay_ms > 0:  # a slower model, simulated: the chunk is published this much later
             time.sleep(c.inference_delay_ms * 1e-3)
         ready = self._now()
-        chunk = dataclasses.replace(out.chunk, joint_names=c.action_names, stamp=obs.stamp, seq=seq,
-                                    source=out.source, dt=1.0 / c.action_rate_hz, inference_s=ready - obs.stamp)
+        chunk = req.stamped(out, obs, c, ready)
         if not self._active or not self.context.ok():
             return 0
         self._chunk_pub.publish(chunk_to_msg(chunk))
-        self._seq = seq
-        self.chunks += 1
-        self.routes[out.source] += 1
+        req.sent(chunk)
         self.lat["frame_to_chunk"].add(ready - obs.stamp)
-        self.last_outcome = "chunk"
         self._placement.published(out, chunk, ready - obs.stamp)  # RTC bookkeeping, then any shadow run
-        return seq
+        return chunk.seq
 
     def _placement_log(self, kind: str, message: str) -> None:
         """placement/vla.py's messages; rclpy throttles per call site, so each kind has its own line."""
@@ -315,8 +277,7 @@ class VlaNode(ManagedNode):
             log.warning(message, throttle_duration_sec=2.0)
 
     def _refuse(self, r: Refusal) -> int:
-        self.refusals.add(r)
-        self.last_outcome = "refused"
+        self.requests.refused(r)
         self.get_logger().warning(f"observation refused: {r.reason}: {r.detail}", throttle_duration_sec=2.0)
         return 0
 
@@ -324,31 +285,26 @@ class VlaNode(ManagedNode):
     def diagnostics(self) -> tuple[bytes, str, dict]:
         if self.engine is None:  # configured, then released by a failed transition's clean-up
             return diag.WARN, "no model loaded", {}
-        values = self._diag_values(self._now())
-        if self.last_outcome == "refused":
-            level, message = diag.WARN, f"observation refused: {self.refusals.last}"
+        values, req = self._diag_values(self._now()), self.requests
+        if req.last_outcome == "refused":
+            level, message = diag.WARN, f"observation refused: {req.refusals.last}"
         elif self._bad_recent:
             level, message = diag.WARN, f"{self._bad_recent} malformed messages ignored; last: {self.last_bad_message}"
         else:
-            level, message = diag.OK, f"{self.chunks} chunks" if self._active else "inactive"
+            level, message = diag.OK, f"{req.chunks} chunks" if self._active else "inactive"
         self._bad_recent = 0
         return level, message, values
 
     def _diag_values(self, now: float) -> dict[str, object]:
-        v: dict[str, object] = {"model": self.engine.spec.name, "chunks": self.chunks, "errors": self.errors,
-                                "refused": self.refusals.total, "dropped_observations": self._slot.overwritten,
-                                "route": self.last_route}
-        v.update({f"refused_{k}": n for k, n in sorted(self.refusals.counts.items())})
+        v: dict[str, object] = {"model": self.engine.spec.name, "errors": self.errors,
+                                "dropped_observations": self._slot.overwritten, **self.requests.values()}
         v.update({f"bad_{k}": n for k, n in sorted(self.bad_messages.items())})
-        v.update({f"route_{k}": n for k, n in sorted(self.routes.items())})
         for k, s in self.lat.items():
             v.update(s.summary(f"{k}_ms", 1e3))
         if self.remote is not None:
             v.update({f"cloud_{k}": x for k, x in self.remote.stats().items()})
-        if self._shadow is not None:
-            v.update(self._shadow.stats())
         if self._placement is not None:
-            v.update(self._placement.rtc_stats())
+            v.update(self._placement.stats())  # shadow mode's and real-time chunking's
         if self._cameras is not None:
             self._cameras.take()  # live camera ages while no chunk is asked for
             v["frames_taken"] = self._cameras.taken
@@ -359,8 +315,8 @@ class VlaNode(ManagedNode):
             v[f"age_{key}_s"] = now - f.stamp if f is not None else float("nan")
         v["age_joint_states_s"] = now - snap.state_stamp
         v["task"] = snap.task
-        if self.refusals.last:
-            v["last_refusal"] = self.refusals.last
+        if self.requests.refusals.last:
+            v["last_refusal"] = self.requests.refusals.last
         if self.last_bad_message:
             v["last_bad_message"] = self.last_bad_message
         return v

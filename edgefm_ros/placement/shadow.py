@@ -1,6 +1,7 @@
 """Shadow mode of the VLA placement: which requests are shadowed, the noise both placements share, and the
 pair of results scored (routing/chunk_quality.py: the router's calibration label) and logged
-(shadow_log.py). ``ShadowSink`` is what placement/vla.py needs of it; ``Shadow`` is the one vla_node uses.
+(shadow_log.py). ``ShadowSink`` is what placement/vla.py needs of it; ``Shadow`` is the one vla_node uses
+(vla_build.py makes it from the node's parameters).
 
 For a shadowed request vla_node draws the flow-matching noise itself, serves the chunk as routed (edge
 or cloud), publishes it, and only then runs the other placement on the same observation and noise, so
@@ -13,14 +14,12 @@ failed has no reference and is not logged (counted in ``skipped``).
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from edgefm_ros.params.vla import VlaNodeConfig
 from edgefm_ros.placement.runs import PLACEMENTS, PlacementRun
 from edgefm_ros.placement.shadow_log import ShadowLogger, ShadowResult
 from edgefm_ros.routing.chunk_quality import chunk_quality
@@ -38,6 +37,10 @@ class ShadowSink(Protocol):
     def noise(self, shape: tuple[int, int]) -> np.ndarray: ...
 
     def record(self, request_id: str, decision: RouteDecision, served: PlacementRun, other: PlacementRun) -> bool: ...
+
+    def stats(self) -> dict[str, object]: ...  # diagnostics values
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -123,14 +126,3 @@ class Shadow:
     def close(self) -> None:
         self.logger.close()
 
-
-def make_shadow(cfg: VlaNodeConfig, engine) -> Shadow | None:
-    """vla_node's sampler and logger when shadow_fraction > 0, else None; the action std of the checkpoint is
-    the quality's per-joint scale (read on the caller's thread: vla_node calls this on its model thread)."""
-    if cfg.shadow_fraction <= 0:
-        return None
-    log = os.path.expanduser(os.path.expandvars(cfg.shadow_log))  # the parameter expands ~ and $VARS
-    scfg = ShadowConfig(cfg.shadow_fraction, log, cfg.shadow_tolerance, cfg.shadow_edge_candidate,
-                        cfg.shadow_cloud_candidate)
-    std = engine.ckpt.stats.action_std.detach().cpu().numpy()  # (action_dim,)
-    return Shadow(scfg, std, len(cfg.camera_keys))

@@ -4,7 +4,7 @@ the same way to each. vla_node gathers the observation, the route decision and t
 publishes what it returns and reports diagnostics.
 
     placer = Placement(engine, PlacementConfig(dt=0.1, cloud_deadline_s=0.25), rtc=continuation, shadow=shadow)
-    # or, from vla_node's parameters: make_placement(engine, cfg, run_id, shadow, lat, log)
+    # or, from vla_node's parameters: vla_build.make_placement(engine, cfg, run_id, lat, log)
     out = placer.compute(obs, decision, seq, remote, queue_empty)  # Rejected: the model refused obs
     # out is None when ``active()`` turned False before the edge ran (stopping: no fallback)
     ... publish out.chunk as out.source ("edge", "cloud" or "edge-fallback"), stamped by the caller ...
@@ -28,10 +28,8 @@ from typing import Callable
 import numpy as np
 
 from edgefm_ros.cloud.images import Encoding
-from edgefm_ros.control.delay import DelayEstimator
 from edgefm_ros.control.rtc import ChunkContinuation, RtcRequest
 from edgefm_ros.control.stats import RollingStats
-from edgefm_ros.params.vla import VlaNodeConfig
 from edgefm_ros.placement.runs import PlacementRun
 from edgefm_ros.placement.shadow import ShadowSink
 from edgefm_ros.types import ActionChunk, Observation, RouteDecision
@@ -208,24 +206,22 @@ class Placement:
             self.shadow.skipped["log_error"] += 1
             self.log("shadow_log", f"shadow log: {e}")
 
-    def rtc_stats(self) -> dict[str, object]:
-        """Real-time chunking's diagnostics values ({} when off): chunks published with a prefix, the last
-        request's delay and prefix rows, the estimate after the last published chunk."""
-        if self.rtc is None:
-            return {}
-        r = self.last_rtc
-        return {"rtc_chunks": self.rtc_chunks, "rtc_delay_ticks": r.delay if r is not None else 0,
-                "rtc_prefix_rows": r.prefix.shape[0] if r is not None else 0,
-                "rtc_latency_estimate_ms": self.rtc_estimate[0] * 1e3,
-                "rtc_delay_estimate_ticks": self.rtc_estimate[1]}
+    # reporting and closing -------------------------------------------------------------------------------
+    def stats(self) -> dict[str, object]:
+        """Diagnostics values: shadow mode's (when on), then real-time chunking's (when on): chunks published
+        with a prefix, the last request's delay and prefix rows, the estimate after the last published chunk."""
+        v: dict[str, object] = dict(self.shadow.stats()) if self.shadow is not None else {}
+        if self.rtc is not None:
+            r = self.last_rtc
+            v.update({"rtc_chunks": self.rtc_chunks, "rtc_delay_ticks": r.delay if r is not None else 0,
+                      "rtc_prefix_rows": r.prefix.shape[0] if r is not None else 0,
+                      "rtc_latency_estimate_ms": self.rtc_estimate[0] * 1e3,
+                      "rtc_delay_estimate_ticks": self.rtc_estimate[1]})
+        return v
 
+    def close(self) -> None:
+        """Shadow mode's log closed (no request is shadowed after this)."""
+        if self.shadow is not None:
+            self.shadow.close()
+            self.shadow = None
 
-def make_placement(engine, cfg: VlaNodeConfig, run_id: str, shadow: ShadowSink | None = None,
-                   lat: dict[str, RollingStats] | None = None,
-                   log: Callable[[str, str], None] = _log_nothing) -> Placement:
-    """vla_node's Placement from its parameters: the control period, the cloud deadline, real-time chunking
-    (the last chunk sent and the delay estimate) when ``rtc_enabled``."""
-    dt, chunk_size = 1.0 / cfg.action_rate_hz, engine.spec.chunk_size
-    rtc = ChunkContinuation(DelayEstimator(cfg.delay(chunk_size), dt), chunk_size) if cfg.rtc_enabled else None
-    return Placement(engine, PlacementConfig(dt, cfg.cloud_deadline_s, run_id), rtc=rtc, shadow=shadow, lat=lat,
-                     log=log)

@@ -307,7 +307,7 @@ def test_vla_node_follows_the_route_and_falls_back_to_the_edge(ctx, tiny_model, 
         assert chunk.source == want and chunk.joint_names == tuple(f"j{i}" for i in range(6))
         assert (chunk.actions.min() > 500) == (want == "cloud")  # the cloud's actions, or the edge's
         assert node.remote.calls == (1 if route == "cloud" else 0)
-        assert node.routes[want] == 1
+        assert node.requests.routes[want] == 1
     finally:
         node.trigger_deactivate()
 
