@@ -23,7 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from edgefm_ros.routing.config import DESIGN_NAMES, RouterConfig, with_coefficients
+from edgefm_ros.routing.config import RouterConfig, design_names, with_coefficients
+from edgefm_ros.routing.features import feature_names
 from edgefm_ros.routing.log import LogRecord, feature_matrix
 from edgefm_ros.routing.predictor import coefficients, design, prior_coefficients, sigmoid
 
@@ -126,36 +127,61 @@ class CalibrationResult:
     n_test_requests: int
 
 
-def _xy(records: Sequence[LogRecord]) -> tuple[np.ndarray, np.ndarray]:
-    return design(feature_matrix(records)), np.array([r.quality for r in records], dtype=np.float64)
+def _xy(records: Sequence[LogRecord], names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    return design(feature_matrix(records, names)), np.array([r.quality for r in records], dtype=np.float64)
+
+
+GROUPS = ("image", "text", "signals")  # what an ablation may keep (the bias always stays)
+
+
+def group_mask(cfg: RouterConfig, groups: Sequence[str] = GROUPS) -> np.ndarray:
+    """bool (len(design_names),): the bias and the coefficients of the named feature groups: ``image`` (blur,
+    exposure, jpeg, detail), ``text`` (the six text features and the instruction embedding), ``signals``."""
+    bad = sorted(set(groups) - set(GROUPS))
+    if bad:
+        raise ValueError(f"unknown feature group(s) {bad}; known: {list(GROUPS)}")
+    names = design_names(cfg.features)
+    signals = set(cfg.features.signals)
+
+    def group(n: str) -> str:
+        return "signals" if n in signals else "text" if n.startswith("text_") else "image"
+
+    return np.array([n == "bias" or group(n) in groups for n in names])
 
 
 def calibrate(cfg: RouterConfig, records: Sequence[LogRecord], test_fraction: float = 0.3, seed: int = 0,
-              l2: float = 1e-3, min_per_coef: int = 20, min_platt: int = 20) -> CalibrationResult:
-    """Fit every candidate that has log lines; the others keep their coefficients."""
+              l2: float = 1e-3, min_per_coef: int = 20, min_platt: int = 20,
+              groups: Sequence[str] = GROUPS) -> CalibrationResult:
+    """Fit every candidate that has log lines; the others keep their coefficients. ``groups``: the feature
+    groups the fit may use (group_mask); the others' coefficients are 0 (an ablation)."""
     known = {c.name for c in cfg.candidates}
     unknown = sorted({r.candidate for r in records} - known)
     if unknown:
         raise ValueError(f"log names candidates {unknown} that the router config does not have {sorted(known)}")
     calib, test = split(records, test_fraction, seed)
+    names = feature_names(cfg.features)
+    keep = group_mask(cfg, groups)
+    n = len(keep)
     reports, fitted = [], {}
     for c in cfg.candidates:
         cal = [r for r in calib if r.candidate == c.name]
         tst = [r for r in test if r.candidate == c.name]
         if not cal and not tst:
             continue
-        start = coefficients(c, cfg.quality)
-        w, se, method = start, np.full(len(DESIGN_NAMES), np.nan), "prior"
+        start = np.where(keep, coefficients(c, cfg), 0.0)
+        w, se, method = start, np.full(n, np.nan), "prior"
         if cal:
-            x, y = _xy(cal)
-            if len(cal) >= min_per_coef * len(DESIGN_NAMES):
-                w, cov = fit_logistic(x, y, l2=l2, w0=start)
-                se, method = np.sqrt(np.diag(cov)), "logistic"
+            x, y = _xy(cal, names)
+            if len(cal) >= min_per_coef * int(keep.sum()):
+                wk, cov = fit_logistic(x[:, keep], y, l2=l2, w0=start[keep])
+                w, se = np.zeros(n), np.full(n, np.nan)
+                w[keep], se[keep] = wk, np.sqrt(np.diag(cov))
+                method = "logistic"
             elif len(cal) >= min_platt:
                 a, b = fit_platt(x @ start, y)
-                w, method = a * start + b * np.eye(len(DESIGN_NAMES))[0], "platt"
+                w, method = a * start + b * np.eye(n)[0], "platt"
         fitted[c.name] = tuple(float(v) for v in w)
-        xt, yt = _xy(tst) if tst else (np.zeros((0, len(DESIGN_NAMES))), np.zeros(0))
+        xt, yt = _xy(tst, names) if tst else (np.zeros((0, n)), np.zeros(0))
         p0, p1 = sigmoid(xt @ start), sigmoid(xt @ w)
         reports.append(CandidateReport(c.name, method, len(cal), len(tst), brier(p0, yt), brier(p1, yt),
                                        ece(p0, yt), ece(p1, yt), fitted[c.name], tuple(float(s) for s in se)))
@@ -173,5 +199,5 @@ def format_report(res: CalibrationResult) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CalibrationResult", "CandidateReport", "brier", "calibrate", "ece", "fit_logistic", "fit_platt",
+__all__ = ["GROUPS", "group_mask", "CalibrationResult", "CandidateReport", "brier", "calibrate", "ece", "fit_logistic", "fit_platt",
            "format_report", "is_test", "prior_coefficients", "split"]

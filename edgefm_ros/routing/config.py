@@ -12,13 +12,18 @@ from typing import Any, Mapping
 
 import yaml
 
-from edgefm_ros.routing.features import FEATURE_NAMES, FeatureConfig
+from edgefm_ros.routing.features import FEATURE_NAMES, FeatureConfig, feature_names
 from edgefm_ros.routing.link import LinkConfig
 
 PLACEMENTS = ("edge", "cloud")
 STRENGTHS = ("blur", "detail", "reasoning")
 # The quality model's inputs: a bias plus the 10 features, exposure as a magnitude (see predictor.py).
 DESIGN_NAMES = ("bias", "blur", "exposure_abs", "jpeg", "detail") + FEATURE_NAMES[4:]
+
+
+def design_names(features: FeatureConfig = FeatureConfig()) -> tuple[str, ...]:
+    """The coefficients' names under a feature configuration: DESIGN_NAMES, then its extensions as named."""
+    return DESIGN_NAMES + feature_names(features)[len(FEATURE_NAMES):]
 
 
 def _finite(owner: str, name: str, value: float, lo: float = -math.inf, hi: float = math.inf) -> None:
@@ -81,7 +86,7 @@ class Candidate:
         if not (isinstance(self.jpeg_quality, int) and 0 <= self.jpeg_quality <= 100):
             raise ValueError(f"{owner}.jpeg_quality must be an int in [0, 100], got {self.jpeg_quality!r}")
         if self.coefficients is not None:
-            if len(self.coefficients) != len(DESIGN_NAMES):
+            if len(self.coefficients) < len(DESIGN_NAMES):
                 raise ValueError(f"{owner}.coefficients has {len(self.coefficients)} values, "
                                  f"expected {len(DESIGN_NAMES)} ({', '.join(DESIGN_NAMES)})")
             for n, c in zip(DESIGN_NAMES, self.coefficients):
@@ -175,6 +180,11 @@ class RouterConfig:
                                       ("cloud_only", self.policy.cloud_only, "cloud")):
             if name and name not in {c.name for c in self.candidates if c.placement == placement}:
                 raise ValueError(f"policy.{role} {name!r} is not a {placement} candidate of {names}")
+        want = len(design_names(self.features))
+        for c in self.candidates:
+            if c.coefficients is not None and len(c.coefficients) != want:
+                raise ValueError(f"Candidate {c.name!r}.coefficients has {len(c.coefficients)} values, expected "
+                                 f"{want} ({', '.join(design_names(self.features))})")
 
     def candidate(self, name: str) -> Candidate:
         for c in self.candidates:
@@ -226,7 +236,7 @@ def _pairs(where: str):
     return conv
 
 
-def _candidate(doc: Mapping[str, Any]) -> Candidate:
+def _candidate(doc: Mapping[str, Any], names: tuple[str, ...] = DESIGN_NAMES) -> Candidate:
     name = doc.get("name", "?") if isinstance(doc, Mapping) else "?"
     where = f"candidates[{name}]"
 
@@ -235,11 +245,11 @@ def _candidate(doc: Mapping[str, Any]) -> Candidate:
             return None
         if not isinstance(v, Mapping):
             raise ValueError(f"{where}.coefficients must be a mapping {{name: value}}, got {v!r}")
-        missing = [n for n in DESIGN_NAMES if n not in v]
-        extra = sorted(set(v) - set(DESIGN_NAMES))
+        missing = [n for n in names if n not in v]
+        extra = sorted(set(v) - set(names))
         if missing or extra:
             raise ValueError(f"{where}.coefficients: missing {missing}, unknown {extra}")
-        return tuple(float(v[n]) for n in DESIGN_NAMES)
+        return tuple(float(v[n]) for n in names)
 
     return _build(Candidate, doc, where,
                   strengths=lambda v: _build(Strengths, v, f"{where}.strengths"),
@@ -261,6 +271,8 @@ def router_config_from_dict(doc: Mapping[str, Any]) -> RouterConfig:
                 v[k] = tuple(int(x) for x in v[k])
         if "aggregate" in v:
             v["aggregate"] = tuple((str(k), str(m)) for k, m in dict(v["aggregate"]).items())
+        if "signals" in v:
+            v["signals"] = tuple(v["signals"] or ())
         return _build(FeatureConfig, v, "features")
 
     def quality(v):
@@ -273,8 +285,9 @@ def router_config_from_dict(doc: Mapping[str, Any]) -> RouterConfig:
             v["history_clip"] = tuple(float(x) for x in v["history_clip"])
         return _build(CostConfig, v, "cost")
 
+    names = design_names(feats(doc.get("features")))  # the coefficients' names depend on the features
     return _build(RouterConfig, {**doc, "candidates": cands}, "router config",
-                  candidates=lambda v: tuple(_candidate(c) for c in v), features=feats, quality=quality,
+                  candidates=lambda v: tuple(_candidate(c, names) for c in v), features=feats, quality=quality,
                   cost=cost, link=lambda v: _build(LinkConfig, v, "link"),
                   policy=lambda v: _build(PolicyConfig, v, "policy"))
 
@@ -294,12 +307,13 @@ def router_config_to_dict(cfg: RouterConfig) -> dict[str, Any]:
     def cand(c: Candidate) -> dict[str, Any]:
         d = asdict(c)
         d["coefficients"] = (None if c.coefficients is None
-                             else {n: float(v) for n, v in zip(DESIGN_NAMES, c.coefficients)})
+                             else {n: float(v) for n, v in zip(design_names(cfg.features), c.coefficients)})
         return d
 
     feats = asdict(cfg.features)
     feats["analysis_size"], feats["coarse_size"] = list(cfg.features.analysis_size), list(cfg.features.coarse_size)
     feats["aggregate"] = dict(cfg.features.aggregate)
+    feats["signals"] = list(cfg.features.signals)
     quality = asdict(cfg.quality)
     quality["precision_logit"], quality["penalties"] = dict(cfg.quality.precision_logit), dict(cfg.quality.penalties)
     cost = asdict(cfg.cost)
@@ -322,5 +336,5 @@ def with_coefficients(cfg: RouterConfig, coefficients: Mapping[str, tuple[float,
 
 
 __all__ = ["Candidate", "CostConfig", "DESIGN_NAMES", "LatencyModel", "PolicyConfig", "QualityConfig",
-           "RouterConfig", "Strengths", "check_thresholds", "load_router_config", "router_config_from_dict",
+           "RouterConfig", "Strengths", "check_thresholds", "design_names", "load_router_config", "router_config_from_dict",
            "router_config_to_dict", "with_coefficients", "write_router_config"]

@@ -25,12 +25,20 @@ numbers, units, quoted strings and capitalised names), ``text_question`` (1 ques
 (conditionals, comparisons, ordinals, negation, counting; 3 markers saturate), ``text_deictic``
 (context-dependent references: this, that, there, it, again, ...; 3 markers saturate).
 
+Extensions, off by default (``FeatureConfig``): ``text_hash_dims`` > 0 appends a cheap instruction
+embedding, ``text_hash_00`` ...: each content word (lower case, stop words left out) sets the bucket
+``crc32(word) % text_hash_dims`` to 1, so the same words in other phrasings land in the same buckets;
+``signals`` appends named values the caller measures itself (e.g. ``edge_spread``, how far two noise draws of
+the edge model's chunk disagree), given to ``extract_features`` as a mapping. ``feature_names(cfg)`` lists
+them all in order.
+
 Multi-camera: per-camera visual features are combined per feature as ``FeatureConfig.aggregate``
 says (``max``, ``min``, ``mean`` or ``absmax``, the value of largest magnitude, for signed ones).
 """
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Union
@@ -56,8 +64,17 @@ class FeatureConfig:
     clip_low: int = 4  # grey levels <= this count as clipped black
     clip_high: int = 251  # grey levels >= this count as clipped white
     detail_threshold: float = 0.5  # contrast-normalised gradient magnitude counting as an edge
+    text_hash_dims: int = 0  # instruction embedding: content words hashed into this many 0/1 buckets (0: off)
+    signals: tuple[str, ...] = ()  # named values the caller measures per request, appended as given
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.text_hash_dims, int) and 0 <= self.text_hash_dims <= 256):
+            raise ValueError(f"FeatureConfig.text_hash_dims must be an integer in [0, 256], got {self.text_hash_dims!r}")
+        bad = [s for s in self.signals if not (isinstance(s, str) and s.isidentifier())
+               or s in FEATURE_NAMES or s.startswith("text_hash_")]
+        if bad or len(set(self.signals)) != len(self.signals):
+            raise ValueError(f"FeatureConfig.signals must be distinct identifiers other than the feature names, "
+                             f"got {list(self.signals)!r}")
         for name, size in (("analysis_size", self.analysis_size), ("coarse_size", self.coarse_size)):
             if len(size) != 2 or min(size) < 16 or max(size) > 4096:
                 raise ValueError(f"FeatureConfig.{name} must be (width, height) in [16, 4096], got {size}")
@@ -353,10 +370,43 @@ def text_features(instruction: str) -> np.ndarray:
     ], dtype=np.float32)
 
 
+# words that carry no content for the instruction embedding
+_STOP_WORDS = frozenset("a an the to of on onto into in at from for with and or so it its is be this that your "
+                        "you please then up out down".split())
+
+
+def text_hash(instruction: str, dims: int) -> np.ndarray:
+    """float32 (dims,): 1 where a content word of the instruction hashes (CRC-32) to that bucket."""
+    out = np.zeros(dims, dtype=np.float32)
+    if dims:
+        for w in re.findall(r"[a-z]+", instruction.lower()):
+            if w not in _STOP_WORDS:
+                out[zlib.crc32(w.encode()) % dims] = 1.0
+    return out
+
+
+def feature_names(cfg: FeatureConfig = FeatureConfig()) -> tuple[str, ...]:
+    """The names of ``extract_features``' output under ``cfg``: FEATURE_NAMES, then the extensions."""
+    return FEATURE_NAMES + tuple(f"text_hash_{i:02d}" for i in range(cfg.text_hash_dims)) + tuple(cfg.signals)
+
+
 def extract_features(images: Mapping[str, ImageInput], instruction: str,
-                     cfg: FeatureConfig = FeatureConfig()) -> np.ndarray:
-    """float32 (10,) in FEATURE_NAMES order for one request (one or more cameras + instruction)."""
+                     cfg: FeatureConfig = FeatureConfig(), signals: Mapping[str, float] | None = None) -> np.ndarray:
+    """float32 (10,) in FEATURE_NAMES order for one request (one or more cameras + instruction); with the
+    extensions of ``cfg`` on, (len(feature_names(cfg)),). ``signals``: a value for each of ``cfg.signals``."""
     if not images:
         raise ValueError("extract_features needs at least one camera image, got none")
     per_camera = np.stack([visual_features(img, cfg) for img in images.values()])  # (n_cam, 4)
-    return np.concatenate([aggregate(per_camera, cfg), text_features(instruction)])
+    parts = [aggregate(per_camera, cfg), text_features(instruction)]
+    if cfg.text_hash_dims:
+        parts.append(text_hash(instruction, cfg.text_hash_dims))
+    if cfg.signals:
+        given = dict(signals or {})
+        missing = [n for n in cfg.signals if n not in given]
+        if missing:
+            raise ValueError(f"the router's features need the signal(s) {missing}; given: {sorted(given)}")
+        values = np.array([given[n] for n in cfg.signals], dtype=np.float32)
+        if not np.isfinite(values).all():
+            raise ValueError(f"signals must be finite, got {dict(zip(cfg.signals, values.tolist()))}")
+        parts.append(values)
+    return np.concatenate(parts)

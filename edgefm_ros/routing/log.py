@@ -46,11 +46,13 @@ class LogRecord:
     deadline_s: float = math.nan
     served: bool = True
     source: str = ""
+    feature_names: tuple[str, ...] = FEATURE_NAMES  # FEATURE_NAMES, then any extensions (features.feature_names)
 
     def __post_init__(self) -> None:
-        if len(self.features) != len(FEATURE_NAMES):
-            raise ValueError(f"LogRecord {self.request_id!r}: {len(self.features)} features, "
-                             f"expected {len(FEATURE_NAMES)}")
+        if (len(self.features) != len(self.feature_names) or self.feature_names[:len(FEATURE_NAMES)] != FEATURE_NAMES
+                or len(set(self.feature_names)) != len(self.feature_names)):
+            raise ValueError(f"LogRecord {self.request_id!r}: {len(self.features)} features named "
+                             f"{list(self.feature_names)}, expected {list(FEATURE_NAMES)} and distinct extensions")
         if not all(math.isfinite(x) for x in self.features):
             raise ValueError(f"LogRecord {self.request_id!r}: non-finite features {self.features}")
         if not (math.isfinite(self.quality) and 0.0 <= self.quality <= 1.0):
@@ -60,7 +62,8 @@ class LogRecord:
 
     def to_json(self) -> str:
         d = asdict(self)
-        d["features"] = {n: round(float(v), 6) for n, v in zip(FEATURE_NAMES, self.features)}
+        del d["feature_names"]
+        d["features"] = {n: round(float(v), 6) for n, v in zip(self.feature_names, self.features)}
         return json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()})
 
 
@@ -71,14 +74,17 @@ def record_from_dict(d: dict, where: str = "") -> LogRecord:
             missing = [n for n in FEATURE_NAMES if n not in feats]
             if missing:
                 raise ValueError(f"features miss {missing}")
-            values = tuple(float(feats[n]) for n in FEATURE_NAMES)
+            names = FEATURE_NAMES + tuple(str(n) for n in feats if n not in FEATURE_NAMES)
+            values = tuple(float(feats[n]) for n in names)
         else:
-            names = d.get("feature_names", FEATURE_NAMES)
-            by_name = dict(zip(names, feats))
-            values = tuple(float(by_name[n]) for n in FEATURE_NAMES)
+            given = d.get("feature_names", FEATURE_NAMES)
+            by_name = dict(zip(given, feats))
+            names = FEATURE_NAMES + tuple(str(n) for n in given if n not in FEATURE_NAMES)
+            values = tuple(float(by_name[n]) for n in names)
         kw = {k: d[k] for k in ("stamp", "n_cameras", "upload_bytes", "bandwidth_mbps", "rtt_s", "breaker_open",
                                 "deadline_s", "served", "source", "placement", "energy_j") if d.get(k) is not None}
         return LogRecord(request_id=str(d["request_id"]), candidate=str(d["candidate"]), features=values,
+                         feature_names=names,
                          quality=float(d["quality"]), latency_s=float(d["latency_s"]), **kw)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"bad log record{' at ' + where if where else ''}: {type(e).__name__}: {e}") from None
@@ -109,6 +115,13 @@ def write_records(records: Iterable[LogRecord], out: IO[str]) -> int:
     return n
 
 
-def feature_matrix(records: Sequence[LogRecord]) -> np.ndarray:
-    """float64 (n, 10)."""
-    return np.array([r.features for r in records], dtype=np.float64).reshape(len(records), len(FEATURE_NAMES))
+def feature_matrix(records: Sequence[LogRecord], names: Sequence[str] = FEATURE_NAMES) -> np.ndarray:
+    """float64 (n, len(names)): each record's features of these names; ValueError naming one it lacks."""
+    out = np.empty((len(records), len(names)), dtype=np.float64)
+    for i, r in enumerate(records):
+        by_name = dict(zip(r.feature_names, r.features))
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ValueError(f"log record {r.request_id!r} has no feature(s) {missing}")
+        out[i] = [by_name[n] for n in names]
+    return out

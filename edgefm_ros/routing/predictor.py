@@ -26,7 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
-from edgefm_ros.routing.config import DESIGN_NAMES, Candidate, CostConfig, QualityConfig, RouterConfig
+from edgefm_ros.routing.config import DESIGN_NAMES, Candidate, CostConfig, QualityConfig, RouterConfig, design_names
 from edgefm_ros.routing.features import FEATURE_NAMES
 from edgefm_ros.routing.link import LinkSnapshot
 from edgefm_ros.types import CandidatePrediction
@@ -37,10 +37,12 @@ STRENGTH_OF = {"blur": "blur", "exposure_abs": "blur", "jpeg": "blur", "detail":
 
 
 def design(features: np.ndarray) -> np.ndarray:
-    """float (..., 10) FEATURE_NAMES -> float64 (..., 11) DESIGN_NAMES: bias column, |exposure|."""
+    """float (..., 10 + k) FEATURE_NAMES and k extensions -> float64 (..., 11 + k) design_names: bias column,
+    |exposure|; the extensions as they are."""
     x = np.asarray(features, dtype=np.float64)
-    if x.shape[-1] != len(FEATURE_NAMES):
-        raise ValueError(f"features must have {len(FEATURE_NAMES)} columns ({FEATURE_NAMES}), got {x.shape}")
+    if x.ndim < 1 or x.shape[-1] < len(FEATURE_NAMES):
+        raise ValueError(f"features must have at least {len(FEATURE_NAMES)} columns ({FEATURE_NAMES}), "
+                         f"got {x.shape}")
     if not np.all(np.isfinite(x)):
         raise ValueError("features hold non-finite values")
     out = np.concatenate([np.ones(x.shape[:-1] + (1,)), x], axis=-1)
@@ -56,8 +58,9 @@ def sigmoid(z: np.ndarray | float) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(z, dtype=np.float64)))  # stable for large |z|
 
 
-def prior_coefficients(c: Candidate, q: QualityConfig) -> np.ndarray:
-    """float64 (11,) DESIGN_NAMES: the uncalibrated quality model of one candidate (module docstring)."""
+def prior_coefficients(c: Candidate, q: QualityConfig, n_extra: int = 0) -> np.ndarray:
+    """float64 (11 + n_extra,) design_names: the uncalibrated quality model of one candidate (module
+    docstring); the feature extensions start at 0 (no effect until calibrated)."""
     ref = q.reference_resolution
     pen = dict(q.penalties)
     beta = np.empty(len(DESIGN_NAMES))
@@ -66,22 +69,29 @@ def prior_coefficients(c: Candidate, q: QualityConfig) -> np.ndarray:
     for i, name in enumerate(DESIGN_NAMES[1:], start=1):
         scale = math.sqrt(ref / c.resolution) if name == "detail" else 1.0
         beta[i] = -pen[name] * (1.0 - getattr(c.strengths, STRENGTH_OF[name])) * scale
-    return beta
+    return np.concatenate([beta, np.zeros(n_extra)])
 
 
-def coefficients(c: Candidate, q: QualityConfig) -> np.ndarray:
-    """The calibrated coefficients when the candidate has them, else its prior."""
-    return np.asarray(c.coefficients, dtype=np.float64) if c.coefficients is not None else prior_coefficients(c, q)
+def coefficients(c: Candidate, cfg: RouterConfig) -> np.ndarray:
+    """The calibrated coefficients when the candidate has them, else its prior (design_names(cfg.features))."""
+    if c.coefficients is not None:
+        return np.asarray(c.coefficients, dtype=np.float64)
+    return prior_coefficients(c, cfg.quality, len(design_names(cfg.features)) - len(DESIGN_NAMES))
 
 
 def coefficient_matrix(cfg: RouterConfig) -> np.ndarray:
-    """float64 (n_candidates, 11)."""
-    return np.stack([coefficients(c, cfg.quality) for c in cfg.candidates])
+    """float64 (n_candidates, len(design_names(cfg.features)))."""
+    return np.stack([coefficients(c, cfg) for c in cfg.candidates])
 
 
 def predict_quality(cfg: RouterConfig, features: np.ndarray) -> np.ndarray:
-    """float64 (n_candidates,) success probabilities for one feature vector (10,)."""
-    return sigmoid(coefficient_matrix(cfg) @ design(features))
+    """float64 (n_candidates,) success probabilities for one feature vector (feature_names(cfg.features))."""
+    x = design(features)
+    beta = coefficient_matrix(cfg)
+    if x.shape[-1] != beta.shape[1]:
+        raise ValueError(f"the router's features are {design_names(cfg.features)[1:]}: expected "
+                         f"{beta.shape[1] - 1} values, got {x.shape[-1] - 1}")
+    return sigmoid(beta @ x)
 
 
 def compute_s(c: Candidate, n_cameras: int) -> float:

@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from edgefm_ros.routing.config import RouterConfig, check_thresholds, load_router_config
-from edgefm_ros.routing.features import FEATURE_NAMES, ImageInput, extract_features
+from edgefm_ros.routing.features import ImageInput, extract_features, feature_names
 from edgefm_ros.routing.link import LinkEstimator, LinkSnapshot
 from edgefm_ros.routing.pareto import best, placement_frontier
 from edgefm_ros.routing.payload import request_bytes
@@ -120,12 +120,15 @@ class Router:
         self.delta_min, self.guard.guard_mbps, self.guard.hysteresis_mbps = float(d), float(g), float(h)
 
     def decide(self, images: Mapping[str, ImageInput], instruction: str, deadline_s: float | None = None,
-               now: float | None = None) -> RouteDecision:
-        """Route one request: camera key -> uint8 (H, W, 3) RGB or JPEG bytes, plus the instruction."""
+               now: float | None = None, signals: Mapping[str, float] | None = None,
+               link: LinkSnapshot | None = None) -> RouteDecision:
+        """Route one request: camera key -> uint8 (H, W, 3) RGB or JPEG bytes, plus the instruction;
+        ``signals``: the values the configuration's ``features.signals`` name; ``link``: the link estimate to
+        use (default the estimator's at ``now``)."""
         t0 = time.perf_counter()
         now = time.monotonic() if now is None else now
-        feats = extract_features(images, instruction, self.cfg.features)
-        link = self.link.snapshot(now)
+        feats = extract_features(images, instruction, self.cfg.features, signals)
+        link = self.link.snapshot(now) if link is None else link
         nbytes: dict[str, int] = {}
         if link.bandwidth_mbps > 0:  # the bytes matter only when the upload time can be predicted
             encoded: dict[tuple[int, int], int] = {}
@@ -142,7 +145,7 @@ class Router:
                         upload_bytes: Mapping[str, int] | None = None, deadline_s: float | None = None,
                         now: float = 0.0, link: LinkSnapshot | None = None, allowed: np.ndarray | None = None,
                         t0: float | None = None) -> RouteDecision:
-        """Route from a feature vector (10,) already computed (replays, tests); ``link`` defaults to
+        """Route from a feature vector (feature_names(cfg.features)) already computed (replays, tests); ``link`` defaults to
         the estimator's snapshot at ``now``; ``allowed`` masks candidates out."""
         t0 = time.perf_counter() if t0 is None else t0
         deadline = self.cfg.policy.default_deadline_s if deadline_s is None else deadline_s
@@ -163,7 +166,8 @@ class Router:
                   "frontier": tuple(p.name for p, f in zip(preds, front) if f),
                   "decision_s": time.perf_counter() - t0}
         return RouteDecision(target=c.placement, candidate=c.name, reason=reason, stamp=float(now),
-                             feature_names=FEATURE_NAMES, features=tuple(float(x) for x in features),
+                             feature_names=feature_names(self.cfg.features),
+                             features=tuple(float(x) for x in features),
                              predictions=preds, guard_open=guard, bandwidth_mbps=float(link.bandwidth_mbps),
                              rtt_s=float(link.rtt_s), params=params)
 

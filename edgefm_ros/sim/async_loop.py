@@ -22,15 +22,13 @@ from typing import Sequence
 
 import numpy as np
 
-from edgefm_ros.control.delay import DelayConfig, DelayEstimator
 from edgefm_ros.control.queue import ActionQueue, TickGrid
 from edgefm_ros.control.request import queue_state
-from edgefm_ros.control.rtc import ChunkContinuation
 from edgefm_ros.sim.env import SimEnv
 from edgefm_ros.sim.episode import episode_setup
 from edgefm_ros.sim.rollout import EpisodeResult
 from edgefm_ros.sim.tasks import get_task
-from edgefm_ros.types import Observation
+from edgefm_ros.sim.tiers import EngineTier, EpisodeServing, RtcState
 
 _EPS = 1e-9
 
@@ -44,6 +42,19 @@ def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: s
     ``phrasings``: the episode's camera condition and instruction from its seed, as in the sync loop."""
     if not (latency_s >= 0 and math.isfinite(latency_s)):
         raise ValueError(f"latency_s must be finite and >= 0, got {latency_s!r}")
+    return run_served_episode(env, EngineTier("edge", engine, latency_s), task, seed, aggregate=aggregate,
+                              threshold=threshold, max_seconds=max_seconds, cameras=cameras,
+                              conditions=conditions, phrasings=phrasings)
+
+
+def run_served_episode(env: SimEnv, tier, task: str, seed: int, *, aggregate: str, threshold: float = 0.5,
+                       max_seconds: float | None = None, cameras: Sequence[str] = ("scene", "wrist"),
+                       conditions: str = "clean", phrasings: str = "canonical",
+                       serving: EpisodeServing | None = None, on_request=None) -> EpisodeResult:
+    """One episode whose chunks come from ``tier`` (sim.tiers: one model at one placement, or a chooser among
+    them), each arriving its ``Served.latency_s`` after the observation. ``serving``: filled with what each
+    request went where; ``on_request(images, state, instruction, now, rtc)``: called before each request
+    (shadow logging) and may return the request's feature vector for ``serving``."""
     spec = get_task(task)
     setup = episode_setup(task, seed, conditions, phrasings)
     camera = setup.camera()
@@ -51,11 +62,10 @@ def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: s
     env.reset(task, seed)
     rng = np.random.default_rng(seed)  # the noise of a seed's chunks, whatever ran before
     dt = 1.0 / env.config.control_hz
-    eng = engine.spec
+    tier.start(dt, seed)
     keys = {c: f"observation.images.{c}" for c in cameras}
     queue = ActionQueue(TickGrid(0.0, dt), aggregate)
-    rtc = ChunkContinuation(DelayEstimator(DelayConfig(warmup=0, max_ticks=eng.chunk_size), dt), eng.chunk_size) \
-        if aggregate == "rtc" else None
+    rtc = RtcState() if aggregate == "rtc" else None
     pending = None  # (ready time, actions [C, action_dim], stamp, seq)
     chunk_ticks, seq, last_seq = 0, 0, -1
     commands: list[np.ndarray] = []
@@ -72,7 +82,7 @@ def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: s
             if r.scheduled:
                 chunk_ticks = actions.shape[0]  # rows are one tick apart
                 if rtc is not None:
-                    rtc.sent(actions, stamp, dt)
+                    rtc.last = (np.asarray(actions, dtype=np.float32).copy(), float(stamp), float(dt))
             pending = None
         item = queue.pop(k)
         if item is not None:
@@ -86,23 +96,18 @@ def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: s
             commands.append(np.asarray(last_cmd, dtype=np.float32))
         qs = queue_state(len(queue), chunk_ticks, threshold)
         if pending is None and (qs.request_chunk or qs.must_go):
-            images = camera(env.render())
-            obs = Observation({keys[c]: img for c, img in images.items() if keys[c] in eng.camera_keys},
-                              env.state().astype(np.float32), setup.instruction, stamp=now)
-            req = None
-            if rtc is not None:
-                if qs.must_go:
-                    rtc.reset()  # holding: nothing of the last chunk runs
-                req = rtc.request(now, dt)
-            noise = rng.standard_normal((eng.chunk_size, eng.max_action_dim)).astype(np.float32)
+            images = {keys[c]: img for c, img in camera(env.render()).items()}
+            state = env.state().astype(np.float32)
+            if rtc is not None and qs.must_go:
+                rtc.last = None  # holding: nothing of the last chunk runs
+            feats = on_request(images, state, setup.instruction, now, rtc) if on_request is not None else None
             t0 = time.perf_counter()
-            chunk = engine.predict(obs, noise=noise, dt=dt, rtc_prefix=None if req is None else req.prefix,
-                                   rtc_delay=0 if req is None else req.delay)
+            served = tier.serve(images, state, setup.instruction, rng, now, rtc, dt)
             inference.append(time.perf_counter() - t0)
+            if serving is not None:
+                serving.add(served, () if feats is None else feats)
             seq += 1
-            pending = (now + latency_s, np.asarray(chunk.actions, dtype=np.float64), now, seq)
-            if rtc is not None:
-                rtc.measured(latency_s)
+            pending = (now + served.latency_s, served.actions, now, seq)
         env.advance(dt)
         k += 1
         if env.success():
