@@ -12,7 +12,8 @@ and the publishers; activate starts physics on that thread (steps physics up to 
 1/state_rate_hz, renders the cameras every 1/camera_rate_hz), on SCHED_FIFO with realtime_priority (the
 executor thread just below it); deactivate pauses physics; release ends the thread, which closes the
 simulator (one that does not end within ``stop_timeout_s`` is kept, and cleanup fails, rather than being
-forgotten). The episode logic is edgefm_ros.sim.live (no ROS).
+forgotten). Without ROS: the episode logic (edgefm_ros.sim.live), the physics loop's wall-clock schedule
+(sim.pacing) and what is reported of the episodes (sim.live_report).
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import math
 import sys
 import threading
 import time
-from pathlib import Path
 
 from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -41,6 +41,8 @@ from edgefm_ros.threads.realtime import FifoScope, join_or_report
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.sim.env import SimConfig, SimEnv
 from edgefm_ros.sim.live import LiveConfig, LiveSim, parse_episode
+from edgefm_ros.sim.live_report import append_result, live_message, live_values
+from edgefm_ros.sim.pacing import Pacer
 from edgefm_ros.sim.tasks import EVAL_SEEDS, TASKS
 from edgefm_ros.sim.teleop import GROUND_TRUTH_NAMES
 
@@ -200,21 +202,13 @@ class SimNode(ManagedNode):
 
     # physics thread --------------------------------------------------------------------------------------
     def _physics_loop(self) -> None:
-        c = self.cfg
-        period, cam_period = 1.0 / c.state_rate_hz, 1.0 / c.camera_rate_hz
-        next_tick = time.monotonic()
-        next_cam = next_tick
-        last = math.nan
+        pacer = Pacer(1.0 / self.cfg.state_rate_hz, 1.0 / self.cfg.camera_rate_hz, gaps_ms=self.loop_gap_ms)
         while not self._stop.is_set() and self.context.ok():
             if not self._running.is_set():  # inactive: nothing moves, nothing is published
                 self._stop.wait(0.05)
-                next_tick = next_cam = time.monotonic()
-                last = math.nan
+                pacer.restart()
                 continue
-            t_loop = time.monotonic()
-            if not math.isnan(last):
-                self.loop_gap_ms.add((t_loop - last) * 1e3)
-            last = t_loop
+            t_loop = pacer.begin()
             try:
                 now = self._now()
                 events = self.live.update(now)
@@ -223,23 +217,16 @@ class SimNode(ManagedNode):
                     self._on_event(ev)
                 if self.live.current is not None:
                     self._publish_state(now)
-                    if t_loop >= next_cam:
+                    if pacer.camera_due(t_loop):
                         t0 = time.monotonic()
                         self._publish_cameras(now)
                         self.render_ms.add((time.monotonic() - t0) * 1e3)
-                        next_cam += cam_period
-                        if next_cam < t_loop:  # fell behind: no burst of frames, just the next one on time
-                            next_cam = t_loop + cam_period
+                        pacer.camera_sent(t_loop)  # fell behind: no burst of frames, just the next one on time
             except Exception as e:  # context gone at shutdown, or a simulator error
                 if not self.context.ok() or self._stop.is_set():
                     break
                 self.get_logger().error(f"physics loop: {e!r}", throttle_duration_sec=2.0)
-            next_tick += period
-            delay = next_tick - time.monotonic()
-            if delay > 0:
-                self._stop.wait(delay)
-            elif delay < -period:  # more than a tick behind: skip to the grid (the next update catches up)
-                next_tick += math.floor(-delay / period) * period
+            pacer.wait(self._stop)  # more than a tick behind: skips to the grid (the next update catches up)
 
     def _publish_state(self, now: float) -> None:
         s = self.env.state()  # float32 (4,): ee xyz, gripper opening
@@ -278,17 +265,11 @@ class SimNode(ManagedNode):
                      f"({rec.commands} commands, {rec.rejected} refused, real-time factor "
                      f"{rec.result()['real_time_factor']:.3f})")
             if self.cfg.results_path:
-                self._write_result(rec.result())
+                try:
+                    append_result(self.cfg.results_path, rec.result())
+                except OSError as e:
+                    self.get_logger().error(f"results_path: {e}")
         self._event_pub.publish(String(data=json.dumps(ev)))
-
-    def _write_result(self, result: dict) -> None:
-        try:
-            path = Path(self.cfg.results_path).expanduser()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as f:
-                f.write(json.dumps(result) + "\n")
-        except OSError as e:
-            self.get_logger().error(f"results_path: {e}")
 
     # diagnostics -----------------------------------------------------------------------------------------
     def diagnostics(self) -> tuple[bytes, str, dict]:
@@ -296,18 +277,7 @@ class SimNode(ManagedNode):
         level, message = diag.OK, "running"
         live = self.live
         if live is not None:
-            cur = live.current
-            values.update({"phase": live.phase, "episodes_started": live.count,
-                           "episodes_done": len(live.finished),
-                           "successes": sum(r.outcome == "success" for r in live.finished),
-                           "commands_applied": live.applied_total, "commands_rejected": live.rejected_total,
-                           "commands_stale": live.stale_total})
-            if cur is not None:
-                values.update({"episode": cur.index, "task": cur.episode.task, "seed": cur.episode.seed,
-                               "episode_slipped_s": cur.slipped_s,
-                               "episode_max_physics_gap_ms": cur.max_lag_s * 1e3})
-                state = self.env.state()
-                values.update({n: float(x) for n, x in zip(self.cfg.joint_names, state)})
+            values.update(live_values(live, self.cfg.joint_names))
             for name, st in (("render_ms", self.render_ms), ("physics_update_ms", self.step_ms),
                              ("loop_period_ms", self.loop_gap_ms)):
                 values.update(st.summary(name, 1.0))
@@ -318,10 +288,8 @@ class SimNode(ManagedNode):
                 level = diag.WARN
                 message = (f"commands refused, the arm held ({live.rejected_total} so far, the last {since:.1f}s ago): "
                            f"{live.last_rejection}")
-            elif live.phase == "done":
-                message = f"done: {len(live.finished)} episodes"
-            elif cur is not None:
-                message = f"episode {cur.index} ({cur.episode.key}) {live.phase}"
+            else:
+                message = live_message(live)
         return level, message, values
 
 
