@@ -347,7 +347,7 @@ class ReplaySession:
         return self
 
     def _spin_loop(self) -> None:
-        from edgefm_ros.ros.spin import spin_until_shutdown
+        from edgefm_ros.ros.spin import spin_until_shutdown  # rclpy, as in __enter__
 
         spin_until_shutdown(self.executor, self.context, period_s=0.1)
 
@@ -481,7 +481,6 @@ class ReplaySession:
 
 COMMAND_TOPIC = "/edgefm/command"
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
-SOURCES = ("cloud", "edge", "edge-fallback")
 DEMO_LINK_MBPS = 100.0  # router_node's static link in --cloud mode (a good LAN/Wi-Fi link)
 
 

@@ -175,7 +175,7 @@ class LoopGraph:
                           f"{ev['elapsed_s']:.2f}s")
 
     def _on_frame(self, key: str, msg) -> None:
-        from edgefm_ros.ros.convert import image_msg_to_rgb, to_sec
+        from edgefm_ros.ros.convert import image_msg_to_rgb, to_sec  # ROS, as in __enter__
 
         f = self.frames
         if key == "wrist":
@@ -201,7 +201,7 @@ class LoopGraph:
     # ---- running ------------------------------------------------------------------------------------------
     def start(self, ready_timeout: float = 180.0) -> None:
         """Policy nodes active, then sim_node started and told to begin (repeated until it does)."""
-        from std_msgs.msg import String
+        from std_msgs.msg import String  # ROS, as in __enter__
 
         s = self.session
         if self.mode == "launch":

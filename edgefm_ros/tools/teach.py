@@ -245,7 +245,7 @@ class _Graph:
 
 def bag_summary(bag: str | Path) -> dict:
     """Message counts per topic, the duration and the episodes (from the recorded events) of a bag."""
-    from rosbags.rosbag2 import Reader
+    from rosbags.rosbag2 import Reader  # rosbags: see the comment at the top
 
     from edgefm_ros.tools.bag.typestore import make_typestore
 

@@ -15,6 +15,8 @@ from typing import Mapping
 from rosbags.interfaces import QosDurability
 from rosbags.rosbag2 import Reader
 
+from edgefm_ros.tools.bag.typestore import make_typestore
+
 HEADER = ("header", "std_msgs/msg/Header")
 
 
@@ -73,7 +75,7 @@ def restamp_cdr(data: bytes, shift_ns: int) -> bytes:
 
 
 def _qos(conn):
-    from edgefm_ros.ros import qos
+    from edgefm_ros.ros import qos  # rclpy, once a bag plays: edgefm-bag's other commands run without ROS
 
     profiles = getattr(conn.ext, "offered_qos_profiles", None) or []
     latched = any(getattr(p, "durability", None) == QosDurability.TRANSIENT_LOCAL for p in profiles)
@@ -84,8 +86,6 @@ class Player:
     """Publishes a bag on its timeline from the calling thread (no spinning needed)."""
 
     def __init__(self, node, cfg: PlayConfig):
-        from edgefm_ros.tools.bag.typestore import make_typestore
-
         self.node, self.cfg = node, cfg
         self.typestore = make_typestore()
         self.published = 0

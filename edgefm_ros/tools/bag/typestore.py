@@ -13,7 +13,7 @@ def msg_dir() -> Path:
     src = Path(__file__).resolve().parents[3] / "msg"
     if src.is_dir():
         return src
-    try:
+    try:  # ament_index_python: only in a ROS install
         from ament_index_python.packages import get_package_share_directory
 
         return Path(get_package_share_directory(PACKAGE)) / "msg"
