@@ -130,3 +130,36 @@ def test_libraries_import_no_tool(tmp_path):
         "edgefm_ros.training.export": "from edgefm_ros.tools.make_checkpoint import policy_config\n"})
     assert broken.returncode != 0 and "BROKEN" in broken.stdout, broken.stdout + broken.stderr
     assert "edgefm_ros.training.export -> edgefm_ros.tools.make_checkpoint" in broken.stdout, broken.stdout
+
+
+def test_the_action_side_imports_no_cloud_code(tmp_path):
+    name = "The action side (control) imports no cloud code"
+    kept = contract_in_stand_in(tmp_path / "kept", name, {
+        "edgefm_ros.control.rtc": "",
+        "edgefm_ros.cloud.images": "",
+        "edgefm_ros.placement.vla": "from edgefm_ros.cloud.images import Encoding\n"
+                                    "from edgefm_ros.control import rtc\n"})
+    assert kept.returncode == 0 and "KEPT" in kept.stdout, kept.stdout + kept.stderr
+    # what control/placement.py once did: the action side encoding images for the cloud (lazily, here)
+    broken = contract_in_stand_in(tmp_path / "broken", name, {
+        "edgefm_ros.cloud.images": "",
+        "edgefm_ros.control.placement": "def encode():\n    from edgefm_ros.cloud.images import Encoding\n"})
+    assert broken.returncode != 0 and "BROKEN" in broken.stdout, broken.stdout + broken.stderr
+    assert "edgefm_ros.control.placement -> edgefm_ros.cloud.images" in broken.stdout, broken.stdout
+
+
+def test_placement_imports_no_ros_nodes_or_tools(tmp_path):
+    name = "Where a request runs (placement) imports no ROS"
+    kept = contract_in_stand_in(tmp_path / "kept", name, {
+        "edgefm_ros.placement.vla": "import numpy\n",
+        "edgefm_ros.nodes.vla_node": "import rclpy\nfrom edgefm_ros.placement import vla\n"})
+    assert kept.returncode == 0 and "KEPT" in kept.stdout, kept.stdout + kept.stderr
+    # a ROS message or a ros/ helper in placement/ (e.g. the link-sample publisher, which lives in ros/)
+    broken = contract_in_stand_in(tmp_path / "broken", name, {
+        "edgefm_ros.ros.link_samples": "",
+        "edgefm_ros.placement.vla": "from std_msgs.msg import Float64MultiArray\n",
+        "edgefm_ros.placement.vla_build": "from edgefm_ros.ros.link_samples import LinkSamples\n"})
+    assert broken.returncode != 0 and "BROKEN" in broken.stdout, broken.stdout + broken.stderr
+    for edge in ("edgefm_ros.placement.vla -> std_msgs",
+                 "edgefm_ros.placement.vla_build -> edgefm_ros.ros.link_samples"):
+        assert edge in broken.stdout, broken.stdout

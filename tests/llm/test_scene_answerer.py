@@ -35,8 +35,8 @@ def test_cloud_decision_without_a_reachable_cloud_is_answered_on_the_edge(tiny_v
     a = SceneAnswerer(engine, cfg, router).answer(q, frames, lambda t: None)
     assert (a.source, a.target, a.reason, a.fallback) == ("edge-fallback", "cloud", "cloud_gain", "no cloud_url")
     assert a.text == edge.text and a.cloud_s < 0.1
-    dead = VqaClient(f"http://127.0.0.1:{free_port()}", config=ClientConfig.for_task("vqa", breaker=BreakerConfig(failures=1)),
-                     link=router.link)
+    dead = VqaClient(f"http://127.0.0.1:{free_port()}", link=router.link,
+                     config=ClientConfig.for_task("vqa", breaker=BreakerConfig(failures=1)))
     answerer = SceneAnswerer(engine, cfg, router, dead)
     partials = []
     first = answerer.answer(q, frames, partials.append)
