@@ -134,6 +134,31 @@ def test_task_filter_trains_on_named_tasks_only(demos, tmp_path):
         train(demos, tmp_path / "u", TrainConfig(steps=1), arch="tiny", log=lambda s: None, tasks=["pick"])
 
 
+def test_task_weights_draw_a_task_more_often(trained, demos, tmp_path):
+    ck = load_checkpoint(trained[0].out)
+    pre = Preprocessor(ck.config, ck.stats, Tokenizer(ck.tokenizer_path, ck.config.tokenizer_max_length))
+    names = demos.episode_task
+    weights = {e: (5.0 if t == "task1" else 1.0) for e, t in names.items()}
+    b = ChunkBatcher(demos, ck.config.camera_keys, ck.config.chunk_size, ck.config.max_action_dim, pre,
+                     episode_weights=weights)
+    g = torch.Generator().manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    picks = torch.multinomial(b.probs, 4000, replacement=True, generator=g).numpy()
+    eps = demos.episode_index[b.frames[picks]]
+    share = np.mean([names[int(e)] == "task1" for e in eps])
+    n1 = sum(names[int(e)] == "task1" for e in demos.episode_index[b.frames])
+    expect = 5 * n1 / (5 * n1 + (len(b.frames) - n1))
+    assert abs(share - expect) < 0.04, (share, expect)
+    with pytest.raises(ValueError, match="episode_weights"):
+        ChunkBatcher(demos, ck.config.camera_keys, ck.config.chunk_size, ck.config.max_action_dim, pre,
+                     episode_weights={e: -1.0 for e in names})
+    lines = []
+    train(demos, tmp_path / "w", TrainConfig(steps=1, batch_size=2, log_every=1, save_every=0), arch="tiny",
+          log=lines.append, task_weights={"task1": 3.0})
+    assert json.loads((tmp_path / "w" / "edgefm_train.json").read_text())["task_weights"] == {"task1": 3.0}
+    with pytest.raises(ValueError, match="pick"):
+        train(demos, tmp_path / "x", TrainConfig(steps=1), arch="tiny", log=lambda s: None, task_weights={"pick": 2})
+
+
 def test_chunks_pad_at_episode_end(trained, demos):
     ck = load_checkpoint(trained[0].out)
     pre = Preprocessor(ck.config, ck.stats, Tokenizer(ck.tokenizer_path, ck.config.tokenizer_max_length))
