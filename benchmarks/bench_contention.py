@@ -23,7 +23,7 @@ import time
 import torch
 
 from edgefm_ros.runtime.engine import Engine
-from edgefm_ros.runtime.modes import MODES
+from edgefm_ros.dispatch.modes import MODES
 
 # the background load: busy `busy` seconds, asleep for the rest of `period`, until killed
 BURN = ("import sys, time\nbusy, period = float(sys.argv[1]), float(sys.argv[2])\nwhile True:\n"

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from edgefm_ros.runtime.engine import Engine
-from edgefm_ros.runtime.hardware import detect
-from edgefm_ros.runtime.modes import TUNABLE
-from edgefm_ros.runtime.resolver import tuned_table_path
+from edgefm_ros.dispatch.hardware import detect
+from edgefm_ros.dispatch.modes import TUNABLE
+from edgefm_ros.dispatch.resolver import tuned_table_path
 
 
 def parse_args(argv=None):

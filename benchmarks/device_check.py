@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from edgefm_kernels.registry import OpSpec, get_impl
 
-from edgefm_ros.runtime import skills
+from edgefm_ros.dispatch import skills
 from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.runtime.graphs import CapturedPhase
 

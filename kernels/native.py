@@ -51,7 +51,7 @@ ISA = {
 @functools.lru_cache(maxsize=None)
 def cpu_flags() -> frozenset[str]:
     """The running CPU's feature flags (/proc/cpuinfo ``flags``, ``Features`` on ARM), empty where it cannot be
-    read. The hardware profile (runtime/hardware.py) is derived from the same set."""
+    read. The hardware profile (dispatch/hardware.py) is derived from the same set."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

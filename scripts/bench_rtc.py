@@ -16,7 +16,7 @@ import time
 import torch
 
 from edgefm_ros.runtime.engine import Engine
-from edgefm_ros.runtime.rtc import RtcConfig, rtc_inputs
+from edgefm_ros.runtime.rtc_guidance import RtcConfig, rtc_inputs
 
 
 def main() -> int:

@@ -85,7 +85,7 @@ def cpu_has_avx512() -> bool:
 
 def cpu_has_bf16() -> bool:
     """AVX512-BF16 (the hardware profile cpu_x86_avx512_bf16)."""
-    from edgefm_ros.runtime.hardware import detect
+    from edgefm_ros.dispatch.hardware import detect
 
     return detect("cpu").profile.startswith("cpu_x86_avx512_bf16")
 

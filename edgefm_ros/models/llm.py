@@ -1,7 +1,7 @@
 """Autoregressive models: the SmolLM2 (Llama) causal LM and SmolVLM2 (vision + connector + causal LM).
 
 Pure modules built through the op resolver; they never see caches or phases. The runtime
-(``runtime/generate.py``) drives the layers one by one: ``qkv_heads`` -> its KV cache -> ``attn`` ->
+(``generation/generate.py``) drives the layers one by one: ``qkv_heads`` -> its KV cache -> ``attn`` ->
 ``finish`` (see ``LlamaLayer``), then ``logits``.
 """
 from __future__ import annotations

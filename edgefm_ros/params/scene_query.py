@@ -4,7 +4,7 @@ from __future__ import annotations
 from edgefm_ros.cloud.client.base import TOKEN_ENV
 from edgefm_ros.params import topics
 from edgefm_ros.params.spec import NodeConfig, param
-from edgefm_ros.runtime.modes import MODES
+from edgefm_ros.dispatch.modes import MODES
 
 
 class SceneQueryConfig(NodeConfig, node="scene_query_node"):

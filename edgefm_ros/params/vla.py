@@ -8,8 +8,8 @@ from edgefm_ros.control.delay import DelayConfig
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.params import topics
 from edgefm_ros.params.spec import NodeConfig, param
-from edgefm_ros.runtime.modes import MODES
-from edgefm_ros.runtime.rtc import GUIDANCE_FORMS, SCHEDULES, RtcConfig
+from edgefm_ros.dispatch.modes import MODES
+from edgefm_ros.runtime.rtc_guidance import GUIDANCE_FORMS, SCHEDULES, RtcConfig
 
 
 class VlaNodeConfig(NodeConfig, node="vla_node"):
@@ -83,7 +83,7 @@ class VlaNodeConfig(NodeConfig, node="vla_node"):
     inference_delay_ms: float = param(0.0, "Added to every chunk's inference before it is published (a fixed extra "
                                       "latency, to measure task success against latency); 0: none.",
                                       range=(0.0, 10000.0))
-    # Real-time chunking (runtime/rtc.py, control/rtc.py): each chunk's denoising is guided toward the last
+    # Real-time chunking (runtime/rtc_guidance.py, control/rtc.py): each chunk's denoising is guided toward the last
     # chunk's actions from the observation's time on; pair with action_node's `aggregate: rtc`.
     rtc_enabled: bool = param(False, "Real-time chunking: guide each new chunk toward the previous chunk's actions "
                               "that run while it is computed (edge and cloud). Use with action_node aggregate: rtc.")

@@ -1,1 +1,2 @@
-"""The EdgeFM-style runtime: hardware profile, dispatch table, checkpoint loading, the Engine. No ROS."""
+"""The SmolVLA runtime: checkpoint loading, preprocessing, the Engine (prefill, decode, real-time-chunking
+guidance), CPU and CUDA graphs, and ``edgefm-vla tune``. Kernels through dispatch/. No ROS."""

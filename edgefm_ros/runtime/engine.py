@@ -22,17 +22,18 @@ import numpy as np
 import torch
 
 from edgefm_kernels.pages import MMAP_THRESHOLD, keep_freed_heap, trim_heap
+from edgefm_ros.dispatch.hardware import Hardware, detect
+from edgefm_ros.dispatch.modes import Mode, check_mode
+from edgefm_ros.dispatch.resolver import build_resolver, tuned_elsewhere
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.types import ActionChunk, Observation
 
 from .checkpoint import Checkpoint, load_checkpoint, resolve_vision_position_ids
 from .cpu_graph import CaptureError, CpuGraph, GuardFailed
-from .hardware import Hardware, detect
-from .modes import Mode, check_mode
+from .graphs import CapturedPhase
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
-from .resolver import build_resolver, tuned_elsewhere
-from .rtc import RtcConfig, RtcInputs, guidance_weight, guided_velocity, rtc_inputs
+from .rtc_guidance import RtcConfig, RtcInputs, guidance_weight, guided_velocity, rtc_inputs
 
 log = logging.getLogger(__name__)
 PREFILL_ROLES = ("vision", "connector", "vlm", "state_proj", "expert_cross_kv")
@@ -214,7 +215,7 @@ class Engine:
     def decode(self, prefix: Prefix, noise: torch.Tensor, trace: list | None = None,
                rtc: RtcInputs | None = None) -> torch.Tensor:
         """noise [B, C, A] (x at t = 1) -> normalised actions [B, C, A]; ``rtc``: guide toward a previous
-        chunk (runtime/rtc.py) with the form chosen at build (self.rtc.guidance)."""
+        chunk (runtime/rtc_guidance.py) with the form chosen at build (self.rtc.guidance)."""
         x = noise.to(self.device)
 
         def velocity(xk, k):
@@ -328,7 +329,7 @@ class Engine:
 
     def sample(self, inp: ModelInputs, noise: torch.Tensor | None = None, rtc: RtcInputs | None = None) -> torch.Tensor:
         """Model-level inputs -> normalised, padded actions [B, C, max_action_dim]; records timings.
-        ``rtc``: guide toward a previous chunk (Engine.rtc_inputs / runtime.rtc.rtc_inputs)."""
+        ``rtc``: guide toward a previous chunk (Engine.rtc_inputs / runtime.rtc_guidance.rtc_inputs)."""
         shape = (inp.batch, self.model_config.chunk_size, self.model_config.max_action_dim)
         if noise is None:
             noise = torch.randn(shape, generator=self.generator)
@@ -400,8 +401,6 @@ class Engine:
 
     def capture_graphs(self) -> float:
         """CUDA only (call at activate, after warmup): capture the whole decode loop; returns seconds."""
-        from .graphs import CapturedPhase
-
         inp = self.inputs_from_observation(self.synthetic_observation())
         noise = torch.randn((inp.batch, self.model_config.chunk_size, self.model_config.max_action_dim), generator=self.generator)
         prefix = self.prefill(inp)

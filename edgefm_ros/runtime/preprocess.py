@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer as _Tok
 
 from .checkpoint import NormStats
 from edgefm_ros.models.config import SmolVLAConfig
@@ -62,8 +63,6 @@ class Tokenizer:
     """The backbone's tokenizer.json through the `tokenizers` library, with LeRobot's task convention."""
 
     def __init__(self, path: Path, max_length: int):
-        from tokenizers import Tokenizer as _Tok
-
         self.tok = _Tok.from_file(str(path))
         cfg_path = path.parent / "tokenizer_config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}

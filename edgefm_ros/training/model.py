@@ -22,7 +22,7 @@ from edgefm_ros.models import siglip
 from edgefm_ros.models.config import SmolVLAConfig, VlmConfig
 from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.runtime.checkpoint import IGNORED_KEYS, CheckpointError, Scoped
-from edgefm_ros.runtime.dispatch import OpResolver, Record, Table, builtin_tables, load_table
+from edgefm_ros.dispatch.table import OpResolver, Record, Table, builtin_tables, load_table
 from edgefm_ros.runtime.preprocess import ModelInputs
 
 VISION_POS_KEY = "model.vlm_with_expert.vlm.model.vision_model.embeddings.position_embedding.weight"

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from edgefm_ros.routing.config import router_config_from_dict
 from edgefm_ros.routing.log import read_log, record_from_dict
-from edgefm_ros.runtime.dispatch import TABLE_DIR, DispatchError, load_table, parse_records
-from edgefm_ros.runtime.skills import SkillError, builtin_dir, load_skill, parse_skill
+from edgefm_ros.dispatch.table import TABLE_DIR, DispatchError, load_table, parse_records
+from edgefm_ros.dispatch.skills import SkillError, builtin_dir, load_skill, parse_skill
 
 ROOT = Path(__file__).resolve().parents[2]
 leaf = (st.none() | st.booleans() | st.integers(-2 ** 65, 2 ** 65) | st.floats() | st.text(max_size=8)

@@ -1,4 +1,4 @@
-"""Our GGUF reading (runtime/gguf_loader.read_gguf) on corrupted files: a small valid Llama GGUF (written
+"""Our GGUF reading (generation/gguf_loader.read_gguf) on corrupted files: a small valid Llama GGUF (written
 here with the gguf package) with bytes overwritten, counts and lengths set huge, or cut short. Each file
 reads, or raises GgufError naming the file; nothing else escapes (the gguf package's IndexError,
 UnicodeDecodeError, TypeError ... are translated)."""
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from edgefm_ros.runtime.gguf_loader import GgufError, read_gguf
+from edgefm_ros.generation.gguf_loader import GgufError, read_gguf
 from skips import require_module
 
 H, HEADS, KV, INNER, VOCAB = 8, 2, 1, 16, 12

@@ -4,7 +4,7 @@ import yaml
 
 from edgefm_kernels.registry import OpSpec
 
-from edgefm_ros.runtime.dispatch import DispatchError, OpResolver, Record, Table, builtin_tables, parse_records
+from edgefm_ros.dispatch.table import DispatchError, OpResolver, Record, Table, builtin_tables, parse_records
 
 
 def S(**kw):

@@ -151,8 +151,8 @@ def test_without_amx_the_kernel_is_refused_before_any_build_and_fast_mode_falls_
     compiled, the AMX skill is not loaded, and fast mode's vision attention resolves to the table's
     default; a user table that insists on it fails at build naming the reason."""
     from edgefm_kernels.registry import OpSpec, get_impl
-    from edgefm_ros.runtime import skills
-    from edgefm_ros.runtime.dispatch import DispatchError, Table, builtin_tables
+    from edgefm_ros.dispatch import skills
+    from edgefm_ros.dispatch.table import DispatchError, Table, builtin_tables
 
     with faked_cpu(monkeypatch, tmp_path, drop={"amx_tile", "amx_bf16", "amx_int8"}, add={"avx512f", "avx512_bf16"},
                    caches=(amx_attention.unavailable,)):

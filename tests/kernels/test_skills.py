@@ -4,8 +4,8 @@ import copy
 import pytest
 import yaml
 
-from edgefm_ros.runtime import skills
-from edgefm_ros.runtime.dispatch import Table, builtin_tables
+from edgefm_ros.dispatch import skills
+from edgefm_ros.dispatch.table import Table, builtin_tables
 
 GOOD = {
     "skill": "cpu-test", "version": 2, "summary": "a test skill", "device": "cpu",

@@ -6,6 +6,7 @@ import yaml
 
 from edgefm_kernels.registry import Impl
 
+from edgefm_ros.dispatch import search as S
 from edgefm_ros.runtime import tune as T
 
 
@@ -36,8 +37,8 @@ def test_sites_cover_every_op_the_model_builds(sites):
 def test_exact_mode_searches_fp32_only(sites):
     found, _ = sites
     site = next(s for s in found if s.spec.layer_role == "vision_qkv")
-    fast, _ = T.candidates(site, "fast")
-    exact, rejected = T.candidates(site, "exact")
+    fast, _ = S.candidates(site, "fast")
+    exact, rejected = S.candidates(site, "exact")
     assert {c.impl.precision for c in exact} == {"fp32"}
     assert {"bf16", "int8"} <= {c.impl.precision for c in fast}
     assert any("exact mode" in why for _, why in rejected)
@@ -48,10 +49,10 @@ def test_a_wrong_candidate_is_dropped_with_its_error(tiny_paths):
     # bf16 stage the same-dtype contract drops it, which is not what this test is about
     found, _ = T.capture_sites(*tiny_paths, mode="exact")
     site = next(s for s in found if s.spec.op_kind == "rms_norm")
-    good = T.Candidate(T.reference_impl("rms_norm"))
+    good = S.Candidate(S.reference_impl("rms_norm"))
     off = Impl("rms_norm", "off_by_eps", lambda spec, params, weight, eps: (lambda x: x * weight * 1.01))
     wrong_dtype = Impl("rms_norm", "to_fp64", lambda spec, params, weight, eps: (lambda x: x.double()))
-    res = T.search_site(site, [good, T.Candidate(off), T.Candidate(wrong_dtype)], rounds=3, min_site_s=0.0)
+    res = S.search_site(site, [good, S.Candidate(off), S.Candidate(wrong_dtype)], rounds=3, min_site_s=0.0)
     by = {r.impl_id: r for r in res}
     assert not by["ref"].failure and len(by["ref"].times_ms) >= 3
     assert "bound" in by["off_by_eps"].failure
@@ -59,27 +60,27 @@ def test_a_wrong_candidate_is_dropped_with_its_error(tiny_paths):
 
 
 def test_winner_prefers_precision_within_noise():
-    fast_low = T.Result("bf16", "bf16", {}, 1e-3, 3e-2, "bf16", [1.00])
-    near_fp32 = T.Result("fused", "fused", {}, 0.0, 2e-5, "fp32", [1.08])
-    far_fp32 = T.Result("ref", "ref", {}, 0.0, 2e-5, "fp32", [1.50])
-    assert T.pick_winner([fast_low, near_fp32, far_fp32]) is near_fp32
-    assert T.pick_winner([fast_low, far_fp32]) is fast_low
+    fast_low = S.Result("bf16", "bf16", {}, 1e-3, 3e-2, "bf16", [1.00])
+    near_fp32 = S.Result("fused", "fused", {}, 0.0, 2e-5, "fp32", [1.08])
+    far_fp32 = S.Result("ref", "ref", {}, 0.0, 2e-5, "fp32", [1.50])
+    assert S.pick_winner([fast_low, near_fp32, far_fp32]) is near_fp32
+    assert S.pick_winner([fast_low, far_fp32]) is fast_low
 
 
 def test_winner_gives_up_precision_only_for_time_that_matters():
     """0.5 ms a call saved: worth it for a site a chunk runs 16 times (8 ms), not for one it runs twice (1 ms)."""
-    int8 = T.Result("int8_amx", "int8_amx", {}, 1e-2, 6e-2, "int8", [1.0])
-    bf16 = T.Result("bf16", "bf16", {}, 3e-3, 3e-2, "bf16", [1.5])
-    assert T.pick_winner([int8, bf16], calls_per_chunk=16) is int8
-    assert T.pick_winner([int8, bf16], calls_per_chunk=2) is bf16
-    assert (1.5 - 1.0) * 2 < T.MIN_SAVED_MS <= (1.5 - 1.0) * 16
-    fp32 = T.Result("avx512", "avx512", {}, 0.0, 2e-5, "fp32", [2.0])
-    bf16_fast = T.Result("bf16", "bf16", {}, 3e-3, 3e-2, "bf16", [1.0])
-    assert T.pick_winner([bf16_fast, fp32], calls_per_chunk=1) is bf16_fast  # bf16 is not quantised
+    int8 = S.Result("int8_amx", "int8_amx", {}, 1e-2, 6e-2, "int8", [1.0])
+    bf16 = S.Result("bf16", "bf16", {}, 3e-3, 3e-2, "bf16", [1.5])
+    assert S.pick_winner([int8, bf16], calls_per_chunk=16) is int8
+    assert S.pick_winner([int8, bf16], calls_per_chunk=2) is bf16
+    assert (1.5 - 1.0) * 2 < S.MIN_SAVED_MS <= (1.5 - 1.0) * 16
+    fp32 = S.Result("avx512", "avx512", {}, 0.0, 2e-5, "fp32", [2.0])
+    bf16_fast = S.Result("bf16", "bf16", {}, 3e-3, 3e-2, "bf16", [1.0])
+    assert S.pick_winner([bf16_fast, fp32], calls_per_chunk=1) is bf16_fast  # bf16 is not quantised
     # a quantised fastest that saves too little hands the choice to the unquantised, by the usual rule
-    int8_fast = T.Result("int8_amx", "int8_amx", {}, 1e-2, 6e-2, "int8", [0.9])
-    assert T.pick_winner([int8_fast, bf16_fast, fp32], calls_per_chunk=1) is bf16_fast
-    assert T.pick_winner([int8_fast, bf16_fast, fp32], calls_per_chunk=100) is int8_fast
+    int8_fast = S.Result("int8_amx", "int8_amx", {}, 1e-2, 6e-2, "int8", [0.9])
+    assert S.pick_winner([int8_fast, bf16_fast, fp32], calls_per_chunk=1) is bf16_fast
+    assert S.pick_winner([int8_fast, bf16_fast, fp32], calls_per_chunk=100) is int8_fast
 
 
 def test_bounded_run_writes_a_table_the_engine_loads(tiny_paths, tmp_path, goldens_tiny):

@@ -65,14 +65,14 @@ def tied_llama(tmp_path_factory, seed, tiny_tokenizer_dir):
 
 @pytest.fixture(scope="session")
 def engine(tied_llama):
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+    from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
     return LlmEngine.from_dir(tied_llama[0], LlmEngineConfig(capacity=256))
 
 
 @pytest.fixture(scope="session")
 def smollm2_gguf():
-    from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
+    from edgefm_ros.generation.gguf_loader import smollm2_gguf_path
 
     from skips import require_material
 
@@ -101,6 +101,6 @@ def tiny_vlm(tmp_path_factory, seed, tiny_tokenizer_dir):
     model.save_pretrained(path, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tiny_tokenizer_dir / name, path / name)
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+    from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
     return path, model, LlmEngine.from_dir(path, LlmEngineConfig(capacity=128))

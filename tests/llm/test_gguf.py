@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from edgefm_ros.runtime.generate import SamplingConfig
-from edgefm_ros.runtime.gguf_loader import GgufError, read_gguf, unpermute_rows
+from edgefm_ros.generation.generate import SamplingConfig
+from edgefm_ros.generation.gguf_loader import GgufError, read_gguf, unpermute_rows
 
 
 def test_unpermute_inverts_llama_cpp_permutation():
@@ -29,7 +29,7 @@ def real(smollm2_gguf):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.modeling_utils import no_init_weights
 
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+    from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
     engine = LlmEngine.from_gguf(smollm2_gguf, LlmEngineConfig(capacity=256))
     meta = load_gguf_checkpoint(str(smollm2_gguf))["config"]

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from edgefm_kernels.kv import Int8KV, PlainKV
-from edgefm_ros.runtime.dispatch import DispatchError
-from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+from edgefm_ros.dispatch.table import DispatchError
+from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
 
 def test_int8_roundtrip_error_and_smoothing_invariance():

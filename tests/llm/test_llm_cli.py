@@ -1,7 +1,7 @@
 """edgefm-llm: generate (chat, streaming, prefix, draft), prefix build, plan; errors exit non-zero."""
 import json
 
-from edgefm_ros.runtime.generate import SamplingConfig
+from edgefm_ros.generation.generate import SamplingConfig
 from edgefm_ros.tools.llm_cli import main
 
 

@@ -3,8 +3,8 @@ autoregressive path (a stage-specific record splits prefill and decode into two 
 import torch
 import yaml
 
-from edgefm_ros.runtime import skills
-from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig, SamplingConfig
+from edgefm_ros.dispatch import skills
+from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig, SamplingConfig
 
 
 def test_llm_engine_loads_the_modes_skills_and_user_tables(tied_llama, tmp_path):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from edgefm_ros.runtime.generate import (GenerationError, LlmEngine, LlmEngineConfig, SamplingConfig, causal_mask,
+from edgefm_ros.generation.generate import (GenerationError, LlmEngine, LlmEngineConfig, SamplingConfig, causal_mask,
                                          run_layers)
 
 ATOL = 1e-4
@@ -78,7 +78,7 @@ def test_sampling_is_seeded_and_topk1_is_greedy(engine):
 
 
 def test_top_p_keeps_only_the_nucleus():
-    from edgefm_ros.runtime.generate import pick
+    from edgefm_ros.generation.generate import pick
 
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     gen = torch.Generator().manual_seed(0)

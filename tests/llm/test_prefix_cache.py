@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig, SamplingConfig
-from edgefm_ros.runtime.kv_cache import PrefixMismatch
+from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig, SamplingConfig
+from edgefm_ros.generation.kv_cache import PrefixMismatch
 
 SYSTEM = [{"role": "system", "content": "You are a careful robot. Answer about the scene in one short sentence."}]
 

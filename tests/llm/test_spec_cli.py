@@ -1,7 +1,7 @@
 """edgefm-llm: train-draft writes a compact draft file; generate --draft (chain or --tree) streams plain greedy."""
 import json
 
-from edgefm_ros.runtime.generate import SamplingConfig
+from edgefm_ros.generation.generate import SamplingConfig
 from edgefm_ros.tools.llm_cli import main
 
 

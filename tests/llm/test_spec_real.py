@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgefm_ros.runtime.generate import SamplingConfig
-from edgefm_ros.runtime.speculative import (SpeculativeDecoder, TreeShape, build_draft, draft_config_for, draft_ops,
+from edgefm_ros.generation.generate import SamplingConfig
+from edgefm_ros.generation.speculative import (SpeculativeDecoder, TreeShape, build_draft, draft_config_for, draft_ops,
                                             draft_tree, init_draft_weights, load_draft)
 
 TRAINED = Path(__file__).resolve().parents[2] / "config" / "drafts" / "smollm2-135m-eagle3.safetensors"
@@ -14,7 +14,7 @@ TRAINED = Path(__file__).resolve().parents[2] / "config" / "drafts" / "smollm2-1
 
 @pytest.fixture(scope="module")
 def real(smollm2_gguf):
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+    from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
     engine = LlmEngine.from_gguf(smollm2_gguf, LlmEngineConfig(capacity=256))
     if TRAINED.is_file():

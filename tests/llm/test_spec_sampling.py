@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from edgefm_ros.runtime.generate import SamplingConfig
-from edgefm_ros.runtime.speculative import accept_among, residual, target_dist
+from edgefm_ros.generation.generate import SamplingConfig
+from edgefm_ros.generation.speculative import accept_among, residual, target_dist
 
 N = 300_000
 Z = 5.0  # per-token bound in binomial standard deviations (false alarm < 1e-5 per test)

@@ -3,9 +3,9 @@ after a tree step equals plain decoding of the committed tokens, greedy tree out
 import pytest
 import torch
 
-from edgefm_ros.runtime.generate import SamplingConfig
-from edgefm_ros.runtime.kv_cache import StaticKVCache
-from edgefm_ros.runtime.speculative import (SpeculativeDecoder, TreeShape, build_draft, draft_config_for,
+from edgefm_ros.generation.generate import SamplingConfig
+from edgefm_ros.generation.kv_cache import StaticKVCache
+from edgefm_ros.generation.speculative import (SpeculativeDecoder, TreeShape, build_draft, draft_config_for,
                                             init_draft_weights, tree_mask, tree_positions)
 
 WIDE = TreeShape(((0,), (1,), (2,), (0, 0), (1, 0), (1, 1), (2, 0), (1, 1, 0), (1, 1, 1), (1, 1, 1, 0)))
@@ -87,7 +87,7 @@ def test_tree_pass_equals_each_path_alone(engine):
 
 
 def test_kv_after_a_tree_step_equals_plain_decoding(tied_llama, head):
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+    from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
     e = LlmEngine.from_dir(tied_llama[0], LlmEngineConfig(capacity=96))
     ref = LlmEngine.from_dir(tied_llama[0], LlmEngineConfig(capacity=96))
@@ -119,7 +119,7 @@ def test_kv_after_a_tree_step_equals_plain_decoding(tied_llama, head):
 
 def test_tree_commit_moves_int8_entries_exactly(tied_llama, head):
     """With the int8 codec the accepted nodes' stored bytes and scales land behind the root unchanged."""
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+    from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
     e = LlmEngine.from_dir(tied_llama[0], LlmEngineConfig(capacity=96, kv_codec="int8"))
     dec = SpeculativeDecoder(e, head, tree=WIDE)

@@ -3,8 +3,8 @@ proposes; the sampled path reduces to greedy when the distributions are one-hot.
 import pytest
 import torch
 
-from edgefm_ros.runtime.generate import GenerationError, SamplingConfig
-from edgefm_ros.runtime.speculative import (SpeculativeDecoder, TreeShape, build_draft, draft_config_for,
+from edgefm_ros.generation.generate import GenerationError, SamplingConfig
+from edgefm_ros.generation.speculative import (SpeculativeDecoder, TreeShape, build_draft, draft_config_for,
                                             init_draft_weights, load_draft, save_draft)
 
 
@@ -99,7 +99,7 @@ def test_speculative_stops_like_plain(engine, draft):
 
 def test_draft_file_roundtrip_and_refusal(engine, draft, tmp_path, tied_llama, llama_factory, seed,
                                           tiny_tokenizer_dir):
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+    from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
     cfg, tensors, head = draft
     path = save_draft(tmp_path / "d.safetensors", cfg, tensors, engine.weights_fp, {"note": "test"})

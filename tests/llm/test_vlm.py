@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgefm_ros.runtime.generate import GenerationError, SamplingConfig, causal_mask, run_layers
+from edgefm_ros.generation.generate import GenerationError, SamplingConfig, causal_mask, run_layers
 
 ATOL = 1e-4
 

@@ -50,13 +50,13 @@ def server(tiny_vlm, tmp_path_factory):
 @pytest.fixture(scope="module")
 def local(tiny_vlm):
     """The local engine on the server's weights, with room for two images."""
-    from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig
+    from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig
 
     return LlmEngine.from_dir(tiny_vlm[0], LlmEngineConfig(capacity=512))
 
 
 def greedy(engine, question: str, images: list, n: int, system: str | None = SYSTEM):
-    from edgefm_ros.runtime.generate import SamplingConfig
+    from edgefm_ros.generation.generate import SamplingConfig
 
     return engine.generate(vqa_messages(question, len(images), system), SamplingConfig(max_new_tokens=n), None,
                            images or None)

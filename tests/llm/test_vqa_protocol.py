@@ -198,7 +198,7 @@ def test_runtime_in_process_text_model_matches_local_greedy(tied_llama, engine, 
     from mlserver.settings import ModelParameters, ModelSettings
 
     from edgefm_ros.cloud.server.runtime import VqaRuntime
-    from edgefm_ros.runtime.generate import SamplingConfig
+    from edgefm_ros.generation.generate import SamplingConfig
 
     settings = ModelSettings(name="vqa", implementation=VqaRuntime,
                              parameters=ModelParameters(extra={"model": str(tied_llama[0]), "capacity": 256,

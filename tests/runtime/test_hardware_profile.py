@@ -4,8 +4,8 @@ import platform
 
 import pytest
 
-from edgefm_ros.runtime import hardware
-from edgefm_ros.runtime.hardware import AMX_FLAGS, cpu_profile
+from edgefm_ros.dispatch import hardware
+from edgefm_ros.dispatch.hardware import AMX_FLAGS, cpu_profile
 
 AVX512 = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl"})
 
@@ -29,7 +29,7 @@ def test_amx_profile_keeps_the_general_records():
     """Records written for the general profiles still select on the AMX one (prefix match), so skills and
     tables for AVX-512 need no AMX copy."""
     from edgefm_kernels.registry import OpSpec
-    from edgefm_ros.runtime.dispatch import parse_records
+    from edgefm_ros.dispatch.table import parse_records
 
     (rec,) = parse_records([{"hw_profile": "cpu_x86_avx512_bf16", "op_kind": "linear", "impl_id": "fused"}], "t")
     spec = OpSpec("linear", "x", "vlm_qkv", "prefill", "", "cpu_x86_avx512_bf16_amx")

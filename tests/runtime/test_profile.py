@@ -1,9 +1,9 @@
-"""``edgefm-vla profile``'s accounting (runtime/profile.py) on the TINY checkpoint: GFLOP counted per op
+"""``edgefm-vla profile``'s accounting (dispatch/profile.py) on the TINY checkpoint: GFLOP counted per op
 family against the model's shapes, times that add up to the stage, probes that leave the actions alone."""
 import torch
 
 from edgefm_ros.runtime.engine import Engine
-from edgefm_ros.runtime.profile import OpProbe, format_rows, measure_peaks
+from edgefm_ros.dispatch.profile import OpProbe, format_rows, measure_peaks
 
 
 def test_probe_counts_flops_from_the_shapes_and_times_add_up(tiny, golden_inputs, goldens, exact_engine):

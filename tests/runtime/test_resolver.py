@@ -1,14 +1,14 @@
-"""One Mode and one resolver builder (runtime/modes.py, runtime/resolver.py) for every engine and the tuner."""
+"""One Mode and one resolver builder (dispatch/modes.py, dispatch/resolver.py) for every engine and the tuner."""
 import pytest
 import yaml
 
-from edgefm_ros.runtime import resolver as resolver_mod
-from edgefm_ros.runtime import skills
-from edgefm_ros.runtime.dispatch import builtin_tables
+from edgefm_ros.dispatch import resolver as resolver_mod
+from edgefm_ros.dispatch import skills
+from edgefm_ros.dispatch.table import builtin_tables
 from edgefm_ros.runtime.engine import EngineConfig
-from edgefm_ros.runtime.generate import LlmEngineConfig
-from edgefm_ros.runtime.modes import MODES, TUNABLE, check_mode
-from edgefm_ros.runtime.resolver import build_resolver
+from edgefm_ros.generation.generate import LlmEngineConfig
+from edgefm_ros.dispatch.modes import MODES, TUNABLE, check_mode
+from edgefm_ros.dispatch.resolver import build_resolver
 
 HW = "cpu_x86_avx512_bf16"
 

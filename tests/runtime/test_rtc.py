@@ -10,7 +10,7 @@ import torch
 
 from edgefm_ros.runtime.engine import Engine
 from edgefm_ros.runtime.preprocess import InputError
-from edgefm_ros.runtime.rtc import RtcConfig, guided_velocity, prefix_weights, rtc_inputs
+from edgefm_ros.runtime.rtc_guidance import RtcConfig, guided_velocity, prefix_weights, rtc_inputs
 from skips import gpu_mark
 
 

