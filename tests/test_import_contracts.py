@@ -80,6 +80,18 @@ def test_only_ros_nodes_and_tools_import_ros(tmp_path):
     assert "edgefm_ros.sensors.cache" in broken.stdout and "rclpy" in broken.stdout, broken.stdout
 
 
+
+def test_the_ros_contract_names_every_package_but_ros_nodes_and_tools():
+    """A package added to edgefm_ros is bound to no ROS unless the contract is changed on purpose."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    found = [c for c in cfg["contracts"] if c["name"].startswith("Only ros/, nodes/ and tools/ import ROS")]
+    assert len(found) == 1
+    tree = ROOT / "edgefm_ros"
+    present = {f"edgefm_ros.{p.name}" for p in tree.iterdir() if (p / "__init__.py").is_file()}
+    present |= {f"edgefm_ros.{p.stem}" for p in tree.glob("*.py") if p.name != "__init__.py"}
+    allowed = {"edgefm_ros.ros", "edgefm_ros.nodes", "edgefm_ros.tools"}
+    assert set(found[0]["source_modules"]) == present - allowed | {"edgefm_kernels"}
+
 def test_dispatch_lies_below_the_engines(tmp_path):
     name = "Kernel dispatch lies below the engines"
     kept = contract_in_stand_in(tmp_path / "kept", name, {
