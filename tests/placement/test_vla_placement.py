@@ -92,6 +92,12 @@ class FakeShadow:
         self.records.append((request_id, decision, served, other))
         return True
 
+    def stats(self):
+        return {"shadow_logged": len(self.records)}
+
+    def close(self):
+        self.closed = True
+
 
 def observation(engine, stamp=0.0, state_dim=None):
     spec = engine.spec
@@ -239,6 +245,14 @@ def test_rtc_prefix_and_delay_are_the_same_for_edge_cloud_and_shadow(engine):
     # an empty queue: the robot holds, nothing to continue (the delay estimate stays)
     again = p.compute(observation(engine, stamp=10.3), None, 4, remote, queue_empty=True)
     assert again.rtc is None and rec.calls[-1].get("rtc_prefix") is None and rtc.delay.ticks() == 3
+    # what vla_node reports: shadow mode's values, then RTC's (the last request's, the estimate after publishing)
+    v = p.stats()
+    assert v["shadow_logged"] == len(shadow.records) == 1 and v["rtc_chunks"] == 1
+    assert v["rtc_delay_ticks"] == v["rtc_prefix_rows"] == 0  # the last request had nothing to continue
+    assert v["rtc_delay_estimate_ticks"] == 3
+    assert v["rtc_latency_estimate_ms"] == pytest.approx(rtc.delay.latency_s() * 1e3)
+    p.close()
+    assert shadow.closed and p.shadow is None and "shadow_logged" not in p.stats()
 
 
 def test_config_is_validated():
