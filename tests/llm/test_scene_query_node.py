@@ -1,23 +1,24 @@
-"""scene_query_node over ROS: camera frame + question in, streamed partial answers and the final answer out."""
+"""scene_query_node over ROS: camera frame + question in, streamed partial answers and the final answer out (the
+answerer on its own, without ROS: test_scene_answerer.py)."""
 import time
 
 import numpy as np
 
 from skips import require_module
 
+rclpy = require_module("rclpy", "rclpy (ROS 2 Jazzy wheels) is not installed")  # else the module is skipped
+from rclpy.context import Context  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+
+from edgefm_ros.nodes.scene_query_node import SceneQueryNode, make_config  # noqa: E402
+from edgefm_ros.placement.vqa import SceneAnswerer  # noqa: E402
+from edgefm_ros.ros import qos  # noqa: E402
+
 
 def test_scene_question_answered_with_streaming(tiny_vlm, ros_domain_id, spin_in_background):
-    rclpy = require_module("rclpy", "rclpy (ROS 2 Jazzy wheels) is not installed")
-    from rclpy.context import Context
-    from rclpy.executors import MultiThreadedExecutor
-    from rclpy.parameter import Parameter
-    from sensor_msgs.msg import Image
-    from std_msgs.msg import String
-
-    from edgefm_ros.nodes.scene_query_node import SceneQueryNode, make_config
-    from edgefm_ros.placement.vqa import SceneAnswerer
-    from edgefm_ros.ros import qos
-
     engine = tiny_vlm[2]
     ctx = Context()
     rclpy.init(context=ctx, domain_id=ros_domain_id)
