@@ -32,6 +32,7 @@ Modules, one job each: ``features`` (10-d feature vector, JPEG quality from DQT)
 ``pareto`` (per-request frontier), ``link`` (bandwidth/RTT estimation, circuit breaker),
 ``router`` (guard with hysteresis, the decision rules, ``Router``), ``config`` (router.yaml),
 ``log`` (the JSONL request log), ``calibrate`` (logistic/Platt fit, Brier, ECE), ``evaluate``
-(replay against edge-only, cloud-only, random and oracle), ``shadow`` (action-chunk quality and
-the shadow-mode logger), ``synth`` (synthetic logs from known coefficients). CLI: ``edgefm-router``.
+(replay against edge-only, cloud-only, random and oracle), ``chunk_quality`` (the quality of an
+action chunk, the label shadow mode logs for calibration; the logging itself is edgefm_ros.placement's),
+``synth`` (synthetic logs from known coefficients). CLI: ``edgefm-router``.
 """
