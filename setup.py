@@ -1,4 +1,4 @@
-"""pip install of edgefm_ros without ROS: the library, the kernels (as edgefm_kernels) and the CLIs.
+"""pip install of edgefm_ros without ROS: the library, the kernels (edgefm_kernels) and the CLIs.
 
 The ROS install (messages, node executables, launch and config files) is `colcon build` with
 CMakeLists.txt/package.xml; a pip-only install has no `edgefm_ros.msg`.
@@ -12,7 +12,6 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["edgefm_ros", "edgefm_ros.*"]) + ["edgefm_kernels"],
-    package_dir={"edgefm_kernels": "kernels"},
     package_data={"edgefm_ros": ["**/*.yaml", "**/*.json"], "edgefm_kernels": ["*.yaml", "skills/*.yaml", "csrc/*.c", "csrc/*.h"]},
     install_requires=[
         "numpy>=1.26",

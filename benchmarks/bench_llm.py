@@ -242,7 +242,7 @@ def main(argv=None) -> int:
         from edgefm_ros.training.speculative_draft import Recipe, held_out_prompts, train_draft
 
         # separate prefill/decode builds: the decode GEMMs then see only the row counts 1 / k+1 / nodes+1
-        # and keep their packed layouts (kernels/gemm.py keeps 4 per weight; prompts of new lengths
+        # and keep their packed layouts (edgefm_kernels/gemm.py keeps 4 per weight; prompts of new lengths
         # would evict them and re-packing costs about a second)
         split_table = Path(tempfile.mkdtemp()) / "split.yaml"
         split_table.write_text("records:\n  - {op_kind: kv, stage: decode, impl_id: plain}\n")

@@ -27,8 +27,8 @@ if [[ -f "$EDGEFM_ROOT/install/setup.bash" ]]; then
 fi
 if [[ $_edgefm_nounset == 1 ]]; then set -u; fi
 unset _edgefm_nounset
-# The working tree ahead of the install space's copy (setup.sh links edgefm_ros and kernels/ as
-# edgefm_kernels there): edits need no rebuild, and edgefm_ros.__path__ still reaches the install
+# The working tree ahead of the install space's copy (setup.sh links edgefm_ros and edgefm_kernels
+# there): edits need no rebuild, and edgefm_ros.__path__ still reaches the install
 # space for the generated edgefm_ros.msg.
 export PYTHONPATH="$VIRTUAL_ENV/edgefm_src${PYTHONPATH:+:$PYTHONPATH}"
 

@@ -100,7 +100,7 @@ pip_install --no-deps --no-build-isolation -e .
 step "source overlay (.venv/edgefm_src: the working tree ahead of the install space's copy)"
 mkdir -p "$VENV/edgefm_src"
 ln -sfn "$ROOT/edgefm_ros" "$VENV/edgefm_src/edgefm_ros"
-ln -sfn "$ROOT/kernels" "$VENV/edgefm_src/edgefm_kernels"
+ln -sfn "$ROOT/edgefm_kernels" "$VENV/edgefm_src/edgefm_kernels"
 
 step "colcon build"
 (
@@ -163,7 +163,7 @@ else
   step "ROS 2 launch + ros2 CLI: $ROS2_TOOLS not found, skipped (launch and CLI tests will skip)"
 fi
 
-step "compiled CPU kernels (kernels/csrc, into the cache; a failure only means torch/MKL paths are used)"
+step "compiled CPU kernels (edgefm_kernels/csrc, into the cache; a failure only means torch/MKL paths are used)"
 if ! "$VENV/bin/python" - <<'PY'
 from edgefm_kernels import native
 for name, why in native.build_all().items():

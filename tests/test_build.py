@@ -271,7 +271,7 @@ def test_shm_profile_declares_shm_and_udp():
 def test_edgefm_kernels_imports_from_the_tree():
     import edgefm_kernels
 
-    assert Path(edgefm_kernels.__file__).resolve().parent == (REPO_ROOT / "kernels").resolve()
+    assert Path(edgefm_kernels.__file__).resolve().parent == (REPO_ROOT / "edgefm_kernels").resolve()
 
 
 def test_install_space_holds_nodes_kernels_and_share(install_root):

@@ -21,7 +21,7 @@ MACHINE_PATH = re.compile(r"(?<![\w.~:/-])/(?:work|root|home)/")
 # how the work was organised, outside code (a module such as tools/bag/session.py may be named in code)
 ORGANISATION = re.compile(r"\bsessions?\b", re.IGNORECASE)
 # top-level folders of this repository: a token starting with one of these names a file that must exist
-REPO_DIRS = ("benchmarks", "checkpoints", "config", "deploy", "docs", "edgefm_ros", "kernels", "launch", "msg",
+REPO_DIRS = ("benchmarks", "checkpoints", "config", "deploy", "docs", "edgefm_kernels", "edgefm_ros", "launch", "msg",
              "scripts", "tests")
 # options whose value is written by the command, so need not exist beforehand
 OUTPUT_OPTIONS = {"--out", "--json", "--log", "--plot", "record:"}

@@ -1,6 +1,6 @@
 """Skills: a verified kernel implementation plus the dispatch records that select it, as one manifest.
 
-A manifest is a YAML file (shipped ones live in ``kernels/skills/``)::
+A manifest is a YAML file (shipped ones live in ``edgefm_kernels/skills/``)::
 
     skill: flashinfer-attention      # name: lower case, digits, '-' or '_'
     version: 1                       # integer >= 1
@@ -8,7 +8,7 @@ A manifest is a YAML file (shipped ones live in ``kernels/skills/``)::
     device: cuda                     # cpu | cuda
     hw_profiles: [cuda_sm80, cuda_sm90]   # profiles it was verified on
     requires: [flashinfer]           # Python modules that must be importable
-    native: []                       # compiled kernels (kernels/csrc/<name>.c) that must build and load here
+    native: []                       # compiled kernels (edgefm_kernels/csrc/<name>.c) that must build and load here
     modes: [fast]                    # engine modes that load it (default [fast]; exact needs fp32 impls)
     default: true                    # loaded automatically in its modes when available (default true)
     impls:                           # what it provides: registered (op_kind, impl_id) pairs
@@ -173,7 +173,7 @@ def load_skill(path: str | Path) -> Skill:
 
 
 def discover(dirs: list[str | Path] | None = None) -> list[Skill]:
-    """Every manifest (``*.yaml``) in ``dirs`` (default: the shipped kernels/skills/), sorted by name."""
+    """Every manifest (``*.yaml``) in ``dirs`` (default: the shipped edgefm_kernels/skills/), sorted by name."""
     skills = []
     for d in dirs if dirs is not None else [builtin_dir()]:
         for p in sorted(Path(d).glob("*.yaml")):

@@ -1,5 +1,5 @@
 """Fast mode's bf16 kernels against the PyTorch reference on fresh random inputs: the AMX attention
-(kernels/csrc/amx_attention.c) and the bf16 GEMM epilogues (kernels/csrc/bf16_rows.c); and, on a CPU
+(edgefm_kernels/csrc/amx_attention.c) and the bf16 GEMM epilogues (edgefm_kernels/csrc/bf16_rows.c); and, on a CPU
 without the instruction sets, their refusal before any build and the dispatch falling back."""
 import pytest
 import torch

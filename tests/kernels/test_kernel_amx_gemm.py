@@ -1,4 +1,4 @@
-"""Our AMX GEMM for few rows (kernels/csrc/amx_gemm.c) against float64 on fresh random inputs: bf16 and int8
+"""Our AMX GEMM for few rows (edgefm_kernels/csrc/amx_gemm.c) against float64 on fresh random inputs: bf16 and int8
 weights, every fused epilogue, shapes around the 16-row, 16/32-column and 32/64-wide K tiles; through the
 registered impls (linear/mlp bf16 with backend=amx, int8_amx); non-finite rows; and its refusal on a CPU
 without AMX-INT8."""

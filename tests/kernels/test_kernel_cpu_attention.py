@@ -1,4 +1,4 @@
-"""The compiled AVX-512 attention (kernels/csrc/attention.c) against float64 on fresh random inputs."""
+"""The compiled AVX-512 attention (edgefm_kernels/csrc/attention.c) against float64 on fresh random inputs."""
 import pytest
 import torch
 

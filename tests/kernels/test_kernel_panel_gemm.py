@@ -1,4 +1,4 @@
-"""The compiled panel GEMM (kernels/csrc/panel_gemm.c) against float64 on fresh random inputs, and its build."""
+"""The compiled panel GEMM (edgefm_kernels/csrc/panel_gemm.c) against float64 on fresh random inputs, and its build."""
 import pytest
 import torch
 

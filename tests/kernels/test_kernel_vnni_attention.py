@@ -1,4 +1,4 @@
-"""Our AVX512-VNNI int8 attention (kernels/csrc/vnni_attention.c) on fresh random inputs: against the float64
+"""Our AVX512-VNNI int8 attention (edgefm_kernels/csrc/vnni_attention.c) on fresh random inputs: against the float64
 reference of the same arithmetic (vnni_attention.reference), against fp32 attention (the int8 bound), with
 masks, grouped KV heads, odd sizes and strided operands; non-finite rows; bad operands; through the
 registered impl; and its refusal on a CPU without AVX512-VNNI."""

@@ -1,4 +1,4 @@
-"""Our AVX512-VNNI int8 GEMM (kernels/csrc/vnni_gemm.c) against float64 on fresh random inputs: every fused
+"""Our AVX512-VNNI int8 GEMM (edgefm_kernels/csrc/vnni_gemm.c) against float64 on fresh random inputs: every fused
 epilogue and the residual, shapes around its 10-row blocks, 32-column blocks and 4-wide K groups; rows of very
 different magnitudes; non-finite and zero rows; through the registered impl (int8_vnni, as the dispatch builds
 it) against oneDNN's dynamic int8 and fp32; and its refusal on a CPU without AVX512-VNNI."""

@@ -1,6 +1,6 @@
 /* Row-wise fp32 kernels for exact mode: RMSNorm and half-split RoPE, each one pass over its rows.
  *
- * Both round like the PyTorch reference (kernels/norm.py, kernels/rope.py): every product and sum is
+ * Both round like the PyTorch reference (edgefm_kernels/norm.py, edgefm_kernels/rope.py): every product and sum is
  * rounded on its own (no FMA contraction: native.py builds with -ffp-contract=off, and the intrinsics say
  * what they do), so
  * RoPE is bitwise the reference and RMSNorm differs only in the order of its sum of squares.

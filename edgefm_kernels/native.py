@@ -1,4 +1,4 @@
-"""Compiled CPU kernels (``kernels/csrc/<name>.c``): built with the system C compiler on first use, cached,
+"""Compiled CPU kernels (``edgefm_kernels/csrc/<name>.c``): built with the system C compiler on first use, cached,
 loaded with ctypes (which releases the GIL for the call).
 
     lib = native.load("panel_gemm")      # ctypes.CDLL, or raises NativeError saying why
