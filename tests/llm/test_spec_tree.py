@@ -139,7 +139,7 @@ def test_tree_commit_moves_int8_entries_exactly(tied_llama, head):
 
 
 def test_kv_move_is_exact_for_any_codec(engine):
-    from kernels.kv import Int8KV, PlainKV
+    from edgefm_kernels.kv import Int8KV, PlainKV
 
     for codec in (PlainKV(), Int8KV()):
         c = StaticKVCache(codec, 2, 1, 2, 32, 8)
