@@ -64,7 +64,7 @@ class RouteEvalConfig:
     phrasings: str = "varied"
     link: Link = Link()
     aggregate: str = "rtc"
-    threshold: float = 0.5
+    threshold: float = 0.8  # replan after about a fifth of a chunk (the policies' n_action_steps 10 of 50)
     edge_compute_ms: float | None = None  # None: measured here
     cloud_compute_ms: float | None = None
     cloud_delay_ms: float = 0.0  # added to every cloud answer (a slow server or proxy)

@@ -150,8 +150,9 @@ def _add_route_args(r: argparse.ArgumentParser, seeds: str) -> None:
     r.add_argument("--phrasings", choices=PHRASINGS, default="varied", help="instruction wording per episode")
     r.add_argument("--link", default="20,40", help="MBPS,RTT_MS of the robot's uplink (default 20,40)")
     r.add_argument("--aggregate", default="rtc", help="chunk aggregation of the action queue (default rtc)")
-    r.add_argument("--chunk-size-threshold", type=float, default=0.5, help="a chunk is requested when the queue "
-                   "holds less than this share of a chunk")
+    r.add_argument("--chunk-size-threshold", type=float, default=0.8, help="a chunk is requested when the queue "
+                   "holds less than this share of a chunk (default 0.8: the policies replan after about a fifth of "
+                   "their chunk, as in their training's n_action_steps)")
     r.add_argument("--edge-compute-ms", type=float, default=None, help="edge compute per chunk charged on the "
                    "simulated clock (default: measured here)")
     r.add_argument("--cloud-compute-ms", type=float, default=None, help="server compute per chunk (default: "

@@ -113,3 +113,28 @@ def test_guided_chunk_over_loopback_server_equals_local(server, local_engine, rn
             cloud.predict(obs, 20.0, noise=noise, rtc_prefix=np.zeros((2, spec.action_dim + 1), np.float32))
     finally:
         cloud.close()
+
+
+def test_a_robot_with_a_longer_chunk_is_fitted_to_the_served_model(server, local_engine, rng):
+    """The robot's own model has more rows than the served one: its noise is dropped (the server draws its own)
+    and its continuation cut to the served chunk, so the call succeeds instead of being refused."""
+    spec = local_engine.spec
+    cloud = CloudPolicy(server.url, TOKEN, config=ClientConfig())
+    try:
+        assert cloud.served_shape() == (spec.chunk_size, spec.max_action_dim)
+        longer = spec.chunk_size + int(rng.integers(1, 20))
+        noise = rng.standard_normal((longer, spec.max_action_dim)).astype(np.float32)
+        prefix = rng.standard_normal((longer, spec.action_dim)).astype(np.float32)
+        n, p, d = cloud.fit_to_served(noise, prefix, longer)
+        assert n is None and np.array_equal(p, prefix[:spec.chunk_size]) and d == spec.chunk_size
+        same = random_noise(spec, rng)
+        assert cloud.fit_to_served(same, prefix[:3], 2)[0] is same  # a matching robot is left alone
+        obs = random_observation(spec, rng)
+        got = cloud.predict(obs, 20.0, Encoding("raw"), noise=noise, rtc_prefix=prefix, rtc_delay=3)
+        assert got.actions.shape == (spec.chunk_size, spec.action_dim) and np.isfinite(got.actions).all()
+        want = local_engine.predict(obs, noise=random_noise(spec, rng), rtc_prefix=prefix[:spec.chunk_size],
+                                    rtc_delay=3)
+        # guided toward the same continuation: the first (executed-meanwhile) rows follow the prefix on both
+        np.testing.assert_allclose(got.actions[:2], want.actions[:2], atol=0.5)
+    finally:
+        cloud.close()

@@ -82,6 +82,38 @@ class CloudPolicy(ClientBase):
         super().__init__(url, token, config, link, ca_file, clock, "edgefm-cloud")
         self.joint_names = tuple(joint_names)
         self.last: CallResult | None = None
+        self._served_shape: tuple[int, int] | None = None  # the served model's (chunk_size, max_action_dim)
+        self._shape_retry_at = -float("inf")  # a failed metadata query is not repeated before this (clock)
+
+    def served_shape(self, timeout_s: float = 1.0) -> tuple[int, int] | None:
+        """The served model's noise shape (chunk_size, max_action_dim) from its metadata, asked once (None while
+        the server does not say)."""
+        if self._served_shape is None and self.clock() >= self._shape_retry_at:
+            self._shape_retry_at = self.clock() + 10.0
+            try:
+                ex = self._http.request("GET", f"/v2/models/{self.cfg.model_name}", None, timeout_s)
+                meta = json.loads(ex.body) if ex.status == 200 else {}
+                spec = next(t for t in meta.get("inputs", []) if t.get("name") == "noise")
+                shape = tuple(int(v) for v in spec["shape"])
+                if len(shape) == 2 and min(shape) > 0:
+                    self._served_shape = shape
+            except (OSError, ValueError, TypeError, KeyError, StopIteration, AttributeError):
+                return None
+        return self._served_shape
+
+    def fit_to_served(self, noise: np.ndarray | None, rtc_prefix: np.ndarray | None,
+                      rtc_delay: int) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+        """A robot whose own model has another chunk length than the served one: its noise is not the server's
+        to use (dropped: the server draws its own), and of its continuation the served chunk can continue
+        only the first chunk_size rows (cut; the delay capped there)."""
+        shape = self.served_shape() if noise is not None or rtc_prefix is not None else None
+        if shape is None:
+            return noise, rtc_prefix, rtc_delay
+        if noise is not None and tuple(np.shape(noise)) != shape:
+            noise = None
+        if rtc_prefix is not None and len(rtc_prefix) > shape[0]:
+            rtc_prefix = np.asarray(rtc_prefix)[:shape[0]]
+        return noise, rtc_prefix, min(int(rtc_delay), shape[0])
 
     # ---------------------------------------------------------------- one exchange (worker thread)
 
@@ -125,6 +157,7 @@ class CloudPolicy(ClientBase):
         deadline, err = self._admit(deadline_s)
         if err is not None:
             return PendingCall.failed(self, err, deadline)
+        noise, rtc_prefix, rtc_delay = self.fit_to_served(noise, rtc_prefix, rtc_delay)
         return self._start(deadline, encoding_key(encoding), self._worker, obs, encoding, noise, seq, dt,
                            request_id or uuid.uuid4().hex[:16], (rtc_prefix, rtc_delay))
 
