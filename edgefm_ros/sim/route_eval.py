@@ -296,7 +296,8 @@ def format_route_table(report: dict) -> str:
             f"{'episodes':>8}"]
     for name, p in report["placements"].items():
         lat = p["chunk_latency_ms"]
-        rows.append(f"{name:<9} {_pct(p['success_rate']):>8} {_pct(p['offload_rate']):>8} {p['upload_mb']:>10.2f} "
+        up = "-" if p["upload_mb"] is None else f"{p['upload_mb']:.2f}"
+        rows.append(f"{name:<9} {_pct(p['success_rate']):>8} {_pct(p['offload_rate']):>8} {up:>10} "
                     f"{_num(lat['p50']):>8} {_num(lat['p95']):>8} {p['episodes']:>8}")
     g = report.get("pgr")
     rows.append(f"PGR (router - edge) / (cloud - edge): {'n/a' if g is None else f'{g:.2f}'}")

@@ -113,16 +113,20 @@ def _route_config(args: argparse.Namespace, seeds: list[int]):
 def cmd_route_eval(args: argparse.Namespace) -> int:
     from edgefm_ros.sim.route_eval import format_route_table, run_route_eval, write_json
     from edgefm_ros.sim.route_plot import write_route_plot
+    from edgefm_ros.tools.route_ros import run_route_ros
 
     seeds = parse_seeds(args.seeds)
     leaked = [s for s in seeds if s in TRAIN_SEEDS or s in CALIBRATION_SEEDS]
     if leaked:
         raise ValueError(f"seeds {leaked[:5]} are training or calibration seeds; evaluate on EVAL_SEEDS "
                          f"{EVAL_SEEDS.start}-{EVAL_SEEDS.stop - 1}")
-    if args.exec != "async":
-        raise ValueError("--exec ros is not available for route-eval yet: run --exec async (the graph's queue and "
-                         "requests on the simulated clock)")
-    report = run_route_eval(_route_config(args, seeds), log=lambda m: print(m, flush=True))
+    if args.exec == "ros":
+        if not args.placements:
+            args.placements = "edge,router"
+        report = run_route_ros(_route_config(args, seeds), out_dir=args.out_dir, domain_id=args.domain_id,
+                               progress=lambda m: print(m, flush=True))
+    else:
+        report = run_route_eval(_route_config(args, seeds), log=lambda m: print(m, flush=True))
     print(format_route_table(report))
     if args.json:
         write_json(report, args.json)
@@ -218,7 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_route_args(r, f"{EVAL_SEEDS.start}-{EVAL_SEEDS.start + 9}")
     r.add_argument("--exec", choices=("async", "ros"), default="async", help="async: the graph's queue and "
                    "requests on the simulated clock")
-    r.add_argument("--placements", default=None, help="comma-separated subset of edge,cloud,router,random,oracle")
+    r.add_argument("--placements", default=None, help="comma-separated subset of edge,cloud,router,random,oracle "
+                   "(ros: edge,router)")
+    r.add_argument("--out-dir", default=None, help="ros: keep the nodes' logs and records here")
+    r.add_argument("--domain-id", type=int, default=None, help="ros: the graph's ROS_DOMAIN_ID")
     r.add_argument("--delta-sweep", default=None, help="delta_min values of the router's curve (comma-separated)")
     r.add_argument("--json", default=None, help="write the report here")
     r.add_argument("--plot", default=None, help="write success against offload here (SVG)")

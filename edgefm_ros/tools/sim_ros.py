@@ -50,9 +50,10 @@ POLICY_NODES = ("vla_node", "action_node")
 
 def graph_params(checkpoint: str, episodes: Sequence[str], *, delay_ms: float = 0.0, aggregate: str | None = None,
                  results_path: str = "", vlm_dir: str = "", config: str | Path | None = None,
-                 engine_mode: str | None = None) -> dict:
+                 engine_mode: str | None = None, extra: dict[str, dict] | None = None) -> dict:
     """Node parameters for one run: config/sim.yaml with this run's episodes, checkpoint and settings;
-    ``engine_mode``: vla_node's engine mode (exact, fast, reference), else the config's."""
+    ``engine_mode``: vla_node's engine mode (exact, fast, reference), else the config's; ``extra``: node ->
+    parameters set on top (a node named only here, e.g. router_node, joins the graph)."""
     path = Path(config) if config else share_file("config", "sim.yaml")
     doc = yaml.safe_load(path.read_text())
     p = {n: dict(doc[n]["ros__parameters"]) for n in ("sim_node",) + POLICY_NODES}
@@ -67,6 +68,8 @@ def graph_params(checkpoint: str, episodes: Sequence[str], *, delay_ms: float = 
     if os.geteuid() == 0:  # the robot's side keeps real time on a busy machine (a warning where not granted)
         p["action_node"].setdefault("realtime_priority", 50)
         p["sim_node"]["realtime_priority"] = p["sim_node"].get("realtime_priority") or 40
+    for node, values in (extra or {}).items():  # a node joining the graph starts from config/sim.yaml's section
+        p.setdefault(node, dict((doc.get(node) or {}).get("ros__parameters", {}))).update(values)
     return p
 
 
@@ -104,13 +107,18 @@ class LoopGraph:
     active; nodes can be stopped and restarted one by one); "auto": launch where available."""
 
     def __init__(self, workdir: str | Path, params: dict, domain_id: int, frames: Frames | None = None,
-                 progress: Callable[[str], None] | None = print, mode: str = "auto"):
+                 progress: Callable[[str], None] | None = print, mode: str = "auto",
+                 node_env: dict[str, dict[str, str]] | None = None):
         if mode not in ("auto", "launch", "process"):
             raise ValueError(f"mode {mode!r}: choose auto, launch or process")
+        if node_env:
+            mode = "process"  # a node's secret environment is never written to a launch's params file
         self.mode = ("launch" if launch_available() else "process") if mode == "auto" else mode
         self.workdir = Path(workdir)
-        nodes = () if self.mode == "launch" else POLICY_NODES
-        self.session = ReplaySession(self.workdir, params, nodes, domain_id, RECORD_TOPICS)
+        # the policy side: vla_node and action_node, and router_node where this run's params configure it
+        self.policy_nodes = POLICY_NODES + (("router_node",) if "router_node" in params else ())
+        nodes = () if self.mode == "launch" else self.policy_nodes
+        self.session = ReplaySession(self.workdir, params, nodes, domain_id, RECORD_TOPICS, node_env=node_env)
         self.params, self.frames, self.progress = params, frames, progress
         self.launch: subprocess.Popen | None = None
         self.events: list[dict] = []
@@ -151,7 +159,8 @@ class LoopGraph:
         v = self.params["vla_node"]
         cmd = ["ros2", "launch", "edgefm_ros", "sim.launch.py", f"params_file:={s.params_file}",
                f"checkpoint:={v['checkpoint']}", f"inference_delay_ms:={float(v.get('inference_delay_ms', 0.0))}",
-               f"results_path:={self.params['sim_node'].get('results_path', '')}"]
+               f"results_path:={self.params['sim_node'].get('results_path', '')}",
+               f"use_router:={'true' if 'router_node' in self.params else 'false'}"]
         env = dict(os.environ, ROS_DOMAIN_ID=str(s.domain_id), PYTHONUNBUFFERED="1")
         with open(self.workdir / "launch.log", "ab") as log:
             # with SIGINT's default action restored: started from a background job (SIGINT ignored), ros2 launch
@@ -206,7 +215,7 @@ class LoopGraph:
         s = self.session
         if self.mode == "launch":
             self._start_launch()
-            nodes = POLICY_NODES + ("sim_node",)
+            nodes = self.policy_nodes + ("sim_node",)
 
             def up():
                 return all(s.diagnostics(n).get("state") == "active" for n in nodes)
@@ -214,7 +223,7 @@ class LoopGraph:
                 raise RuntimeError(f"ros2 launch: nodes {[n for n in nodes if s.diagnostics(n).get('state') != 'active']}"
                                    f" not active (launch exit code {self.launch.poll()}); log {self.workdir / 'launch.log'}")
         else:
-            s.wait_active(POLICY_NODES, timeout=ready_timeout)
+            s.wait_active(self.policy_nodes, timeout=ready_timeout)
             s.start_node("sim_node")
             if not s.wait_for(lambda: s.diagnostics("sim_node").get("state") == "active" or not s.alive("sim_node"),
                               ready_timeout) or not s.alive("sim_node"):
@@ -346,9 +355,11 @@ class RosRun:
 def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, delay_ms: float = 0.0,
             aggregate: str | None = None, domain_id: int | None = None, frames: Frames | None = None,
             vlm_dir: str = "", progress: Callable[[str], None] | None = print, mode: str = "auto",
-            engine_mode: str | None = None) -> RosRun:
+            engine_mode: str | None = None, extra: dict[str, dict] | None = None,
+            node_env: dict[str, dict[str, str]] | None = None) -> RosRun:
     """Run ``episodes`` ('task:seed') through the node graph; the report and what was recorded. ``mode``: how
-    the nodes start (graph_params for ``engine_mode``)."""
+    the nodes start (graph_params for ``engine_mode`` and ``extra``); ``node_env``: a node's own environment
+    (e.g. vla_node's cloud token)."""
     if not (Path(checkpoint) / "config.json").is_file():
         raise ValueError(f"checkpoint {checkpoint} holds no config.json")
     out = Path(out_dir).resolve()
@@ -357,13 +368,13 @@ def run_ros(checkpoint: str, episodes: Sequence[str], *, out_dir: str | Path, de
     if results_path.exists():
         results_path.unlink()
     params = graph_params(checkpoint, episodes, delay_ms=delay_ms, aggregate=aggregate,
-                          results_path=str(results_path), vlm_dir=vlm_dir, engine_mode=engine_mode)
+                          results_path=str(results_path), vlm_dir=vlm_dir, engine_mode=engine_mode, extra=extra)
     timeout_s = sum(TASKS[e.rpartition(":")[0]].max_seconds + params["sim_node"]["settle_s"] + 1.0
                     for e in episodes) * 1.5 + 30.0
     domain = domain_id if domain_id is not None else 10 + os.getpid() % 90
-    with LoopGraph(out / "run", params, domain, frames, progress, mode) as g:
+    with LoopGraph(out / "run", params, domain, frames, progress, mode, node_env) as g:
         if progress:
-            progress(f"starting vla_node, action_node, sim_node ({'ros2 launch' if g.mode == 'launch' else 'processes'}"
+            progress(f"starting {', '.join(g.policy_nodes)}, sim_node ({'ros2 launch' if g.mode == 'launch' else 'processes'}"
                      f", ROS_DOMAIN_ID {domain}, logs {out / 'run'}) ...")
         g.start()
         if not g.wait_done(timeout_s):

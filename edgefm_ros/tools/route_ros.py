@@ -1,0 +1,125 @@
+"""``edgefm-sim route-eval --exec ros``: routing through the real nodes and a real cloud server on loopback.
+
+Placements through the graph (sim_node with the run's camera conditions and instructions, vla_node, action_node):
+
+- ``edge``: vla_node runs the edge checkpoint, no router, no cloud;
+- ``router``: router_node decides each request with the given router configuration (it cannot measure caller
+  signals such as ``edge_spread``: give it a configuration without them), and vla_node follows its decision
+  (``use_route``) to ``edgefm-cloud serve`` on loopback, serving the cloud checkpoint behind nginx with a
+  bearer token, falling back to the edge on a missed deadline or a failure (``edge-fallback``).
+
+The link is loopback: its round trip and rate are what the router is told (``static_bandwidth_mbps`` /
+``static_rtt_s``), not shaped. Per episode, the chunks that arrived in it say where each was computed (the
+ActionChunk's ``source``), so the report has the same contract as ``--exec async``'s (sim.route_eval).
+"""
+from __future__ import annotations
+
+import contextlib
+import secrets
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from edgefm_ros.cloud.client.base import TOKEN_ENV
+from edgefm_ros.sim.rollout import checkpoint_settings
+from edgefm_ros.sim.route_eval import RouteEvalConfig, RoutedEpisode, pgr, summarize
+from edgefm_ros.sim.tiers import EpisodeServing
+from edgefm_ros.tools.sim_ros import episode_windows, run_ros
+
+ROS_PLACEMENTS = ("edge", "router")
+
+
+@contextlib.contextmanager
+def cloud_server(checkpoint: str, log_path: Path, progress: Callable[[str], None] = print):
+    """``edgefm-cloud serve`` of ``checkpoint`` on loopback for the ``with`` block: yields (url, token)."""
+    # MLServer and nginx: the cloud tier's stack, only where a routed run starts one
+    from edgefm_ros.cloud.server.serve import running
+    from edgefm_ros.cloud.server.settings import ServeConfig, free_port
+
+    token = secrets.token_urlsafe(24)
+    cfg = ServeConfig(checkpoint, mode="exact", port=free_port(), token=token, threads=1, ready_timeout_s=300.0)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"[route-eval ros] starting the cloud server for {checkpoint} on loopback port {cfg.port} "
+             f"(log {log_path}) ...")
+    with open(log_path, "ab") as log, running(cfg, log=log) as url:
+        yield url, token
+
+
+def routed_params(cfg: RouteEvalConfig, router_yaml: str, url: str | None) -> dict:
+    """The nodes' parameters on top of config/sim.yaml for one placement (url None: the edge alone)."""
+    hw = cfg.image_hw or max(checkpoint_settings(cfg.edge)["image_hw"], checkpoint_settings(cfg.cloud)["image_hw"])
+    extra = {"sim_node": {"conditions": cfg.conditions, "phrasings": cfg.phrasings, "image_height": int(hw[0]),
+                          "image_width": int(hw[1])},
+             "action_node": {"chunk_size_threshold": float(cfg.threshold)},
+             "vla_node": {"use_route": url is not None, "cloud_url": url or ""}}
+    if url is not None:
+        extra["vla_node"]["cloud_deadline_s"] = 1.0
+        extra["router_node"] = {"config_path": str(Path(router_yaml).resolve()), "rate_hz": 10.0,
+                                "static_bandwidth_mbps": float(cfg.link.mbps),
+                                "static_rtt_s": float(cfg.link.rtt_ms) / 1e3, "probe_period_s": 0.0}
+    return extra
+
+
+def episodes_of(run, events) -> list[RoutedEpisode]:
+    """Per finished episode: its outcome and the chunks that arrived in it (source, observation -> chunk)."""
+    recv = np.asarray(run.chunk_recv, dtype=np.float64)
+    stamp = np.asarray(run.chunk_stamp, dtype=np.float64)
+    source = list(run.chunk_source)
+    latency = np.asarray(run.chunk_inference, dtype=np.float64)
+    starts = {(e["task"], int(e["seed"])): e for e in events if e.get("event") == "start"}
+    out = []
+    for w in episode_windows(events):
+        s = EpisodeServing()
+        for i in np.flatnonzero((recv >= w.start) & (recv <= w.end) & (stamp >= w.start)):
+            s.placements.append("cloud" if source[i] == "cloud" else "edge")
+            s.latency_s.append(float(latency[i]))
+            s.upload_bytes.append(0)  # not recorded here (the report says None)
+            s.reasons.append(source[i])
+            s.features.append(())
+        start = starts.get((w.task, w.seed), {})
+        out.append(RoutedEpisode(w.task, w.seed, str(start.get("condition", "")), str(start.get("instruction", "")),
+                                 w.outcome == "success", s))
+    return out
+
+
+def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, domain_id: int | None = None,
+                  progress: Callable[[str], None] = print) -> dict:
+    """The ``edge`` and ``router`` placements of ``cfg`` through the graph; the route-eval report."""
+    bad = [p for p in cfg.placements if p not in ROS_PLACEMENTS]
+    if bad:
+        raise ValueError(f"--exec ros runs the placements {list(ROS_PLACEMENTS)}; {bad} run with --exec async")
+    episodes = [f"{t}:{s}" for s in cfg.seeds for t in cfg.tasks]
+    runs: dict[str, list[RoutedEpisode]] = {}
+    with contextlib.ExitStack() as stack:
+        out = Path(out_dir) if out_dir else Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="edgefm-route-ros-")))
+        for name in cfg.placements:
+            t0 = time.perf_counter()
+            url, env = None, None
+            if name == "router":
+                url, token = stack.enter_context(cloud_server(cfg.cloud, out / "cloud.log", progress))
+                env = {"vla_node": {TOKEN_ENV: token}}
+            r = run_ros(cfg.edge, episodes, out_dir=out / name, aggregate=cfg.aggregate, progress=progress,
+                        domain_id=domain_id, extra=routed_params(cfg, cfg.router, url), node_env=env)
+            runs[name] = episodes_of(r.run, r.events)
+            progress(f"[route-eval ros {name}] {sum(e.success for e in runs[name])}/{len(runs[name])} succeeded, "
+                     f"{sum(p == 'cloud' for e in runs[name] for p in e.serving.placements)} chunks in the cloud "
+                     f"({time.perf_counter() - t0:.0f} s)")
+    placements = {n: summarize(runs[n]) for n in cfg.placements}
+    for n in placements:
+        placements[n]["upload_mb"] = placements[n]["upload_mb_per_episode"] = None  # not recorded through ROS
+        placements[n]["sources"] = {src: sum(r == src for e in runs[n] for r in e.serving.reasons)
+                                    for src in ("edge", "cloud", "edge-fallback")}
+    return {"exec": "ros", "placements": placements,
+            "pgr": pgr(placements.get("router", {}).get("success_rate"),
+                       placements.get("edge", {}).get("success_rate"), None),
+            "episodes": {n: [e.summary() for e in runs[n]] for n in runs},
+            "settings": {"edge": cfg.edge, "cloud": cfg.cloud, "router": cfg.router, "tasks": list(cfg.tasks),
+                         "seeds": list(cfg.seeds), "conditions": cfg.conditions, "phrasings": cfg.phrasings,
+                         "link": {"mbps": cfg.link.mbps, "rtt_ms": cfg.link.rtt_ms,
+                                  "note": "told to the router; the wire is loopback"},
+                         "aggregate": cfg.aggregate, "chunk_size_threshold": cfg.threshold,
+                         "clock": "wall: the real nodes over DDS, the real cloud server on loopback"}}
