@@ -10,7 +10,7 @@ A router with VQA candidates picks edge or cloud per question (``Router.decide(i
 decision asks the cloud with the chosen candidate's JPEG quality and resolution, and if no answer comes within
 ``cloud_timeout_s`` (error, refusal, open circuit breaker, no ``cloud_url``, a stream that broke or stalled
 mid-answer) the edge answers instead, its text streaming from its first token. The prompt is
-cloud/vqa_prompt.py's, the same on both.
+cloud/prompt.py's, the same on both.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from edgefm_ros.cloud.client.base import ClientConfig, CloudError, read_token
 from edgefm_ros.cloud.client.vqa import VqaClient
 from edgefm_ros.cloud.images import Encoding
-from edgefm_ros.cloud.vqa_prompt import vqa_messages
+from edgefm_ros.cloud.prompt import vqa_messages
 from edgefm_ros.params.scene_query import SceneQueryConfig
 
 

@@ -29,7 +29,7 @@ from edgefm_ros.cloud.client.vqa import VqaClient  # noqa: E402
 from edgefm_ros.cloud.core.protocol import request_body  # noqa: E402
 from edgefm_ros.cloud.images import decode_image, encode_image  # noqa: E402
 from edgefm_ros.cloud.tasks.vqa import encode_vqa_request  # noqa: E402
-from edgefm_ros.cloud.vqa_prompt import vqa_messages  # noqa: E402
+from edgefm_ros.cloud.prompt import vqa_messages  # noqa: E402
 
 SLACK_S = 0.3  # scheduling slack on a shared 2-core machine
 SYSTEM = "Answer briefly."

@@ -15,7 +15,7 @@ from edgefm_ros.cloud.images import Encoding, decode_image, encode_image
 from edgefm_ros.cloud.tasks.vqa import (VqaLimits, VqaRuntimeConfig, decode_vqa_event, decode_vqa_request,
                                         decode_vqa_response, encode_vqa_delta, encode_vqa_error, encode_vqa_final,
                                         encode_vqa_request, encode_vqa_response)
-from edgefm_ros.cloud.vqa_prompt import vqa_messages
+from edgefm_ros.cloud.prompt import vqa_messages
 
 @pytest.fixture
 def rng():

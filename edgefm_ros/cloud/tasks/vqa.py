@@ -24,7 +24,7 @@ with the parameter "event":
   "error"  parameters "status" (the HTTP status it would have had: 400, 504, 500) and "error"
 An answer streams as deltas then exactly one final or error event; a stream that ends without one broke.
 
-The prompt is the same on the edge and in the cloud: ``vqa_messages`` (vqa_prompt.py). A request whose budget
+The prompt is the same on the edge and in the cloud: ``vqa_messages`` (prompt.py). A request whose budget
 (``deadline_s``, from receipt) runs out while its answer is generated is stopped at the next token (504).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from edgefm_ros.cloud.core.protocol import ProtocolError, Tensor, tensor_spec
 from edgefm_ros.cloud.core.task import Task, check_at_least, config_from_extra
 from edgefm_ros.cloud.core.timing import RequestClock
 from edgefm_ros.cloud.images import Encoding
-from edgefm_ros.cloud.vqa_prompt import vqa_messages
+from edgefm_ros.cloud.prompt import vqa_messages
 
 QUESTION, SYSTEM, ANSWER, TOKENS, IMAGE_PREFIX = "question", "system", "answer", "tokens", "image_"
 DELTA = "delta"
