@@ -257,7 +257,7 @@ class VlaNode(ManagedNode):
         if c.inference_delay_ms > 0:  # a slower model, simulated: the chunk is published this much later
             time.sleep(c.inference_delay_ms * 1e-3)
         ready = self._now()
-        chunk = req.stamped(out, obs, c, ready)
+        chunk = req.stamped(out, obs, c, ready, held=queue_empty)
         if not self._active or not self.context.ok():
             return 0
         self._chunk_pub.publish(chunk_to_msg(chunk))

@@ -80,6 +80,10 @@ class VlaNodeConfig(NodeConfig, node="vla_node"):
     shadow_cloud_candidate: str = param("cloud-fp32-512", "Router candidate the cloud's result is logged as when "
                                         "the cloud is the shadow (its images then go raw, at the captured "
                                         "resolution).")
+    restamp_held: bool = param(True, "A chunk computed while the robot's queue was empty (the arm holding) is "
+                               "stamped with its publish time: the arm stands where the observation saw it until "
+                               "the chunk arrives, so the robot runs it from its first row instead of skipping "
+                               "the rows of the wait (false: the observation's time, as any other chunk).")
     inference_delay_ms: float = param(0.0, "Added to every chunk's inference before it is published (a fixed extra "
                                       "latency, to measure task success against latency); 0: none.",
                                       range=(0.0, 10000.0))

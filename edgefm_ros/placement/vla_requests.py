@@ -5,7 +5,7 @@ counted for the node's diagnostics (kept across configures, like the node). Plac
     obs = requests.observation(snap, cfg, spec, now)       # Observation | Refusal
     decision = requests.decision(route, cfg, now)          # None: the edge (no fresh decision, or use_route off)
     out = placement.compute(obs, decision, requests.seq + 1, remote, queue_empty)
-    chunk = requests.stamped(out, obs, cfg, ready)         # publish it, then requests.sent(chunk)
+    chunk = requests.stamped(out, obs, cfg, ready, held)   # publish it, then requests.sent(chunk)
 """
 from __future__ import annotations
 
@@ -49,10 +49,14 @@ class ChunkRequests:
         self.refusals.add(r)
         self.last_outcome = "refused"
 
-    def stamped(self, out: Computed, obs: Observation, cfg: VlaNodeConfig, ready: float) -> ActionChunk:
-        """``out``'s chunk as the robot gets it: the action joint names, the observation's stamp, the next
-        sequence number, where it ran, the control period and the observation -> ready latency."""
-        return dataclasses.replace(out.chunk, joint_names=cfg.action_names, stamp=obs.stamp, seq=self.seq + 1,
+    def stamped(self, out: Computed, obs: Observation, cfg: VlaNodeConfig, ready: float,
+                held: bool = False) -> ActionChunk:
+        """``out``'s chunk as the robot gets it: the action joint names, the observation's stamp (``held``, the
+        robot's queue empty when it was asked for, with ``cfg.restamp_held``: the time it is ready, the arm not
+        having moved since the observation), the next sequence number, where it ran, the control period and the
+        observation -> ready latency."""
+        stamp = ready if held and cfg.restamp_held else obs.stamp
+        return dataclasses.replace(out.chunk, joint_names=cfg.action_names, stamp=stamp, seq=self.seq + 1,
                                    source=out.source, dt=1.0 / cfg.action_rate_hz, inference_s=ready - obs.stamp)
 
     def sent(self, chunk: ActionChunk) -> None:

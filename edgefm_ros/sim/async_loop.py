@@ -36,7 +36,7 @@ _EPS = 1e-9
 def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: str, latency_s: float,
                       threshold: float = 0.5, max_seconds: float | None = None,
                       cameras: Sequence[str] = ("scene", "wrist"), conditions: str = "clean",
-                      phrasings: str = "canonical") -> EpisodeResult:
+                      phrasings: str = "canonical", restamp_held: bool = True) -> EpisodeResult:
     """One episode; commands and chunk boundaries as in the sync loop (a boundary: the first tick commanded
     from a new chunk). ``aggregate="rtc"`` turns real-time chunking on in the policy too. ``conditions`` /
     ``phrasings``: the episode's camera condition and instruction from its seed, as in the sync loop."""
@@ -44,17 +44,19 @@ def run_async_episode(env: SimEnv, engine, task: str, seed: int, *, aggregate: s
         raise ValueError(f"latency_s must be finite and >= 0, got {latency_s!r}")
     return run_served_episode(env, EngineTier("edge", engine, latency_s), task, seed, aggregate=aggregate,
                               threshold=threshold, max_seconds=max_seconds, cameras=cameras,
-                              conditions=conditions, phrasings=phrasings)
+                              conditions=conditions, phrasings=phrasings, restamp_held=restamp_held)
 
 
 def run_served_episode(env: SimEnv, tier, task: str, seed: int, *, aggregate: str, threshold: float = 0.5,
                        max_seconds: float | None = None, cameras: Sequence[str] = ("scene", "wrist"),
                        conditions: str = "clean", phrasings: str = "canonical",
-                       serving: EpisodeServing | None = None, on_request=None) -> EpisodeResult:
+                       serving: EpisodeServing | None = None, on_request=None,
+                       restamp_held: bool = True) -> EpisodeResult:
     """One episode whose chunks come from ``tier`` (sim.tiers: one model at one placement, or a chooser among
     them), each arriving its ``Served.latency_s`` after the observation. ``serving``: filled with what each
     request went where; ``on_request(images, state, instruction, now, rtc)``: called before each request
-    (shadow logging) and may return the request's feature vector for ``serving``."""
+    (shadow logging) and may return the request's feature vector for ``serving``. ``restamp_held``: a chunk
+    requested while the arm holds starts at its arrival (False: at its observation, rows of the wait skipped)."""
     spec = get_task(task)
     setup = episode_setup(task, seed, conditions, phrasings)
     camera = setup.camera()
@@ -107,7 +109,11 @@ def run_served_episode(env: SimEnv, tier, task: str, seed: int, *, aggregate: st
             if serving is not None:
                 serving.add(served, () if feats is None else feats)
             seq += 1
-            pending = (now + served.latency_s, served.actions, now, seq)
+            # a chunk asked for while the arm holds (nothing queued) plans from where it stands, and it stands
+            # there until the chunk arrives: it starts at its arrival, row 0 first (else the rows of the wait
+            # would be skipped as past, and the arm jump to where the plan expected it by then)
+            stamp = now + served.latency_s if qs.must_go and restamp_held else now
+            pending = (now + served.latency_s, served.actions, stamp, seq)
         env.advance(dt)
         k += 1
         if env.success():

@@ -73,7 +73,8 @@ class ScriptedEngine:
 def test_queue_keeps_commanding_while_a_chunk_is_computed(aggregate):
     latency_ticks = int(RNG.integers(1, 4))
     env, eng = ScriptedEnv(60), ScriptedEngine()
-    r = run_async_episode(env, eng, "reach", 1000, aggregate=aggregate, latency_s=latency_ticks / HZ - 1e-4)
+    r = run_async_episode(env, eng, "reach", 1000, aggregate=aggregate, latency_s=latency_ticks / HZ - 1e-4,
+                          restamp_held=False)
     assert r.success
     # every command is the row of its chunk meant for its tick (rows past on arrival skipped, not replayed)
     for tick, cmd in env.commanded:
@@ -92,7 +93,7 @@ def test_queue_keeps_commanding_while_a_chunk_is_computed(aggregate):
 def test_rtc_sends_last_chunk_from_observation_and_delay():
     latency = 0.17  # 3.4 ticks -> d = 4
     env, eng = ScriptedEnv(60), ScriptedEngine()
-    run_async_episode(env, eng, "reach", 1000, aggregate="rtc", latency_s=latency)
+    run_async_episode(env, eng, "reach", 1000, aggregate="rtc", latency_s=latency, restamp_held=False)
     assert eng.calls[0][1] is None  # nothing to continue
     chunks = {}
     for i, (stamp, prefix, delay) in enumerate(eng.calls[1:], start=2):
@@ -102,6 +103,21 @@ def test_rtc_sends_last_chunk_from_observation_and_delay():
         assert np.all(prefix[:, 0] == prefix[0, 0]) and prefix.shape[1] == eng.spec.action_dim
         chunks[i] = prefix
     assert chunks
+
+
+@pytest.mark.parametrize("aggregate", ["latest_only", "rtc"])
+def test_a_chunk_asked_for_while_holding_starts_at_its_arrival(aggregate):
+    """The first request (nothing queued: the arm holds) takes L ticks: its row 0 is the first command, at tick
+    L, not row L; the same for a chunk after an underrun. Without restamping, rows of the wait are skipped."""
+    lat = int(RNG.integers(3, 8))  # under the 8-row chunk: without restamping some rows still run
+    env, eng = ScriptedEnv(80), ScriptedEngine()
+    run_async_episode(env, eng, "reach", 1000, aggregate=aggregate, latency_s=lat / HZ - 1e-4)
+    first = [cmd for _, cmd in env.commanded if cmd[0] == 1]
+    assert env.commanded[0][0] == lat and abs(first[0][1]) < 0.01 and abs(first[1][1] - 1) < 0.01  # rows 0, 1
+    env2, eng2 = ScriptedEnv(80), ScriptedEngine()
+    run_async_episode(env2, eng2, "reach", 1000, aggregate=aggregate, latency_s=lat / HZ - 1e-4,
+                      restamp_held=False)
+    assert abs([cmd for _, cmd in env2.commanded if cmd[0] == 1][0][1] - lat) < 0.01  # row L: the wait skipped
 
 
 def test_latest_only_sends_no_prefix():

@@ -192,7 +192,8 @@ def test_switching_placement_under_rtc_continues_the_motion():
         return None
 
     serving = EpisodeServing()
-    r = run_served_episode(env, tier, "reach", 1000, aggregate="rtc", serving=serving, on_request=flip)
+    r = run_served_episode(env, tier, "reach", 1000, aggregate="rtc", serving=serving, on_request=flip,
+                           restamp_held=False)
     assert r.success and {"edge", "cloud"} <= set(serving.placements)
     for tick, cmd in env.commanded:
         assert abs(cmd[1] - tick) < 1e-6, (tick, cmd)
