@@ -285,7 +285,10 @@ def router_config_from_dict(doc: Mapping[str, Any]) -> RouterConfig:
             v["history_clip"] = tuple(float(x) for x in v["history_clip"])
         return _build(CostConfig, v, "cost")
 
-    names = design_names(feats(doc.get("features")))  # the coefficients' names depend on the features
+    try:  # the coefficients' names depend on the features
+        names = design_names(feats(doc.get("features")))
+    except (TypeError, AttributeError) as e:
+        raise ValueError(f"features: bad value {doc.get('features')!r:.200} ({e})") from None
     return _build(RouterConfig, {**doc, "candidates": cands}, "router config",
                   candidates=lambda v: tuple(_candidate(c, names) for c in v), features=feats, quality=quality,
                   cost=cost, link=lambda v: _build(LinkConfig, v, "link"),

@@ -58,8 +58,11 @@ def test_ctrl_c_is_130_without_a_traceback():
     code = ("import time\nfrom edgefm_ros.housekeeping.cli import cli_main\n"
             "@cli_main('edgefm-test')\ndef main(argv=None):\n    print('ready', flush=True)\n    time.sleep(60)\n"
             "raise SystemExit(main([]))\n")
+    # SIGINT's default action restored in the child: a test run started as a background job of a
+    # non-interactive shell ignores SIGINT, and its children inherit that (Python then installs no handler)
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert p.stdout.readline().strip() == "ready"
         time.sleep(0.2)
