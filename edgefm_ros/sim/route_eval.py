@@ -248,9 +248,9 @@ def run_route_eval(cfg: RouteEvalConfig, log: Callable[[str], None] = print) -> 
     setup = build_setup(cfg, log)
     want = set(cfg.placements)
     runs: dict[str, list[RoutedEpisode]] = {}
-    if want & {"edge", "oracle", "router", "random"}:
+    if want & {"edge", "oracle"}:
         runs["edge"] = run_placement(setup, setup.edge, cfg, "edge", log)
-    if want & {"cloud", "oracle", "router", "random"}:
+    if want & {"cloud", "oracle"}:
         runs["cloud"] = run_placement(setup, setup.cloud, cfg, "cloud", log)
     router_tier = RouterTier(Router(setup.router_cfg), setup.edge, setup.cloud, decision_s=setup.decision_ms / 1e3)
     sweep = []
