@@ -161,7 +161,8 @@ class RouterNode(ManagedNode):
             if not data:
                 self.router.link.observe_failure(now)
             elif len(data) == 3:
-                self.router.link.observe(int(data[0]), float(data[1]), float(data[2]), now)
+                if self.cfg.static_bandwidth_mbps <= 0:  # a static link is the estimate; failures still count
+                    self.router.link.observe(int(data[0]), float(data[1]), float(data[2]), now)
             else:
                 raise ValueError(f"expected [upload_bytes, upload_s, rtt_s] or [], got {data}")
         except ValueError as e:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -338,14 +338,19 @@ def shadow_features(setup: Setup, spread_rng_seed: int = 0):
     return on_request
 
 
-def run_shadow(cfg: RouteEvalConfig, out: str | Path, log: Callable[[str], None] = print) -> dict:
+def run_shadow(cfg: RouteEvalConfig, out: str | Path, log: Callable[[str], None] = print,
+               edge_spread: bool = False) -> dict:
     """Edge-only and cloud-only on ``cfg.seeds`` (calibration seeds only), logging each request's features and
-    the candidate's outcome (quality = the episode's success under it) to a JSON Lines request log."""
+    the candidate's outcome (quality = the episode's success under it) to a JSON Lines request log;
+    ``edge_spread``: also the edge's spread (for a router that uses it, or an ablation)."""
     leaked = [s for s in cfg.seeds if s not in CALIBRATION_SEEDS]
     if leaked:
         raise ValueError(f"shadow runs calibrate the router on CALIBRATION_SEEDS ({CALIBRATION_SEEDS.start}-"
                          f"{CALIBRATION_SEEDS.stop - 1}); seeds {leaked[:5]} are outside it")
     setup = build_setup(cfg, log)
+    if edge_spread and "edge_spread" not in setup.router_cfg.features.signals:
+        feats = replace(setup.router_cfg.features, signals=setup.router_cfg.features.signals + ("edge_spread",))
+        setup.router_cfg = replace(setup.router_cfg, features=feats)
     names = feature_names(setup.router_cfg.features)
     cands = {"edge": setup.router_cfg.edge_only, "cloud": setup.router_cfg.cloud_only}
     if cands["cloud"] is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +52,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     cfg = load_router_config(args.config)
+    if args.signals:  # signals the log holds that the configuration does not name yet
+        cfg = replace(cfg, features=replace(cfg.features, signals=tuple(cfg.features.signals) + tuple(
+            n for n in args.signals.split(",") if n and n not in cfg.features.signals)))
     records = read_log(args.log)
     groups = tuple(g for g in args.groups.split(",") if g)
     res = calibrate(cfg, records, test_fraction=args.test_fraction, seed=args.seed, l2=args.l2,
@@ -102,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--l2", type=float, default=1e-3)
     c.add_argument("--min-per-coef", type=int, default=20, help="log lines per coefficient needed for a full "
                    "logistic fit (fewer: Platt scaling of the prior)")
+    c.add_argument("--signals", default="", help="caller-measured signals of the log to add to the configuration's "
+                   "features (e.g. edge_spread: edgefm-sim shadow --edge-spread)")
     c.add_argument("--groups", default="image,text,signals", help="feature groups the fit may use (an "
                    "ablation): image, text, signals")
     c.add_argument("--json", default="", help="also write the per-candidate reports here")

@@ -140,7 +140,8 @@ def cmd_route_eval(args: argparse.Namespace) -> int:
 def cmd_shadow(args: argparse.Namespace) -> int:
     from edgefm_ros.sim.route_eval import run_shadow
 
-    run_shadow(_route_config(args, parse_seeds(args.seeds)), args.log, log=lambda m: print(m, flush=True))
+    run_shadow(_route_config(args, parse_seeds(args.seeds)), args.log, log=lambda m: print(m, flush=True),
+               edge_spread=args.edge_spread)
     return 0
 
 
@@ -235,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_route_args(sh, f"{CALIBRATION_SEEDS.start}-{CALIBRATION_SEEDS.start + 49}")
     sh.set_defaults(router="config/router_sim_base.yaml")
     sh.add_argument("--log", required=True, help="JSON Lines request log to write")
+    sh.add_argument("--edge-spread", action="store_true", help="also log the edge model's spread between two noise "
+                    "draws (edge_spread), a signal the router may use")
     sh.set_defaults(func=cmd_shadow)
     return ap
 

@@ -1,6 +1,6 @@
 """The routed closed loop through the real nodes and a real cloud server (``edgefm-sim route-eval --exec ros``):
 sim_node publishes each episode's cameras under its condition, router_node decides every request from the images
-and the instruction with the committed calibrated router (config/router_sim_ros.yaml), vla_node follows it to
+and the instruction with the committed calibrated router (config/router_sim.yaml), vla_node follows it to
 ``edgefm-cloud serve`` on loopback (the committed cloud checkpoint behind nginx, with a token) or runs the edge
 checkpoint. Episodes under bad exposure go to the cloud, clean ones stay on the edge, and the arm succeeds."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from skips import require_material, require_module
 
 REPO = Path(__file__).resolve().parents[2]
 EDGE, CLOUD = REPO / "checkpoints" / "smolvla-edge", REPO / "checkpoints" / "smolvla-cloud"
-ROUTER = REPO / "config" / "router_sim_ros.yaml"
+ROUTER = REPO / "config" / "router_sim.yaml"
 # button-press-topdown under the mixed set: seeds 1000 and 1004 draw clean cameras, 1003 and 1013 dark ones
 EPISODES = {1000: "clean", 1003: "dark", 1004: "clean", 1013: "dark"}
 
