@@ -111,6 +111,8 @@ def _route_config(args: argparse.Namespace, seeds: list[int]):
 
 
 def cmd_route_eval(args: argparse.Namespace) -> int:
+    # the engines (torch), the simulator (MuJoCo) and, for --exec ros, ROS: imported by the subcommand that runs
+    # them, so that `edgefm-sim --help` and the other subcommands start without them
     from edgefm_ros.sim.route_eval import format_route_table, run_route_eval, write_json
     from edgefm_ros.sim.route_plot import write_route_plot
     from edgefm_ros.tools.route_ros import run_route_ros
