@@ -24,10 +24,12 @@ import numpy as np
 
 from edgefm_ros.control.queue import ActionQueue, TickGrid
 from edgefm_ros.control.request import queue_state
-from edgefm_ros.sim.env import SimEnv
+from edgefm_ros.runtime.engine import Engine
+from edgefm_ros.sim.env import SimConfig, SimEnv
 from edgefm_ros.sim.episode import episode_setup
-from edgefm_ros.sim.rollout import EpisodeResult
-from edgefm_ros.sim.tasks import get_task
+from edgefm_ros.sim.report import make_report
+from edgefm_ros.sim.rollout import EpisodeResult, checkpoint_settings, checkpoint_tasks
+from edgefm_ros.sim.tasks import get_task, parse_tasks
 from edgefm_ros.sim.tiers import EngineTier, EpisodeServing, RtcState
 
 _EPS = 1e-9
@@ -132,12 +134,6 @@ def run_async_eval(checkpoint: str, tasks: str | Sequence[str] | None, seeds: Se
     """``edgefm-sim eval --exec async``: every task x seed with chunks arriving ``compute_ms + delay_ms``
     (simulated) after their observation; the shared report, with the smoothness of the commands.
     ``conditions``, ``phrasings``, ``image_hw``: as run_sync_eval's."""
-    from edgefm_ros.runtime.engine import Engine
-    from edgefm_ros.sim.env import SimConfig
-    from edgefm_ros.sim.report import make_report
-    from edgefm_ros.sim.rollout import checkpoint_settings, checkpoint_tasks
-    from edgefm_ros.sim.tasks import parse_tasks
-
     st = checkpoint_settings(checkpoint)
     names = parse_tasks(tasks) if isinstance(tasks, str) else list(tasks or checkpoint_tasks(checkpoint))
     sim = SimConfig(image_hw=tuple(image_hw or st["image_hw"]), cameras=st["cameras"])

@@ -172,6 +172,8 @@ def run_sync_eval(checkpoint: str | None, tasks: str | Sequence[str] | None, see
     """``edgefm-sim eval --exec sync``: every task x seed in one process with our Engine (``engine_mode``); the
     shared report. ``conditions``/``phrasings``: per-episode camera condition set and instruction wording;
     ``image_hw``: the cameras' resolution (default the checkpoint's input size; the Engine resizes)."""
+    # the Engine (torch) only when an evaluation runs: the helpers above serve light callers (checkpoint
+    # settings and tasks for the CLIs and the ROS harness)
     from edgefm_ros.runtime.engine import Engine
     from edgefm_ros.sim.tasks import parse_tasks
 
