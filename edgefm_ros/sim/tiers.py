@@ -154,22 +154,15 @@ def chunk_spread(a: np.ndarray, b: np.ndarray, dims: int = 3) -> float:
     return float(np.sqrt(np.mean(np.sum(d * d, axis=1))))
 
 
-class RouterTier:
-    """The router decides each request between an edge and a cloud tier, from the request's images and
-    instruction and, when its configuration names ``edge_spread``, from two draws of the edge's chunk.
+class ChooserTier:
+    """Chooses per request between an edge and a cloud tier; a new episode starts both, and a generator of the
+    chooser's own seeded by the episode (``self.own``), apart from the one the served chunks' noise comes from."""
 
-    ``decision_s``: the features' cost on the clock. The two draws are charged (2 x the edge's compute) before
-    the decision; when the edge serves, its answer is charged nothing more, as a robot reusing the first draw
-    would. The draws take their noise from a generator of their own, so the chunk that is served has the noise
-    the same request would get under edge-only or cloud-only: the placements differ by their choices alone."""
+    salt = 0
 
-    def __init__(self, router: Router, edge: EngineTier, cloud: EngineTier, *, decision_s: float = 0.0):
-        unknown = sorted(set(router.cfg.features.signals) - {"edge_spread"})
-        if unknown:
-            raise ValueError(f"router config names signal(s) {unknown} the simulator cannot measure "
-                             "(it knows 'edge_spread')")
-        self.router, self.edge, self.cloud, self.decision_s = router, edge, cloud, float(decision_s)
-        self.placement = "router"
+    def __init__(self, edge: EngineTier, cloud: EngineTier, placement: str):
+        self.edge, self.cloud, self.placement = edge, cloud, placement
+        self.own = np.random.default_rng([0, self.salt])
 
     @property
     def max_rows(self) -> int:
@@ -178,13 +171,33 @@ class RouterTier:
     def start(self, dt: float, seed: int = 0) -> None:
         self.edge.start(dt)
         self.cloud.start(dt)
-        self._side = np.random.default_rng([seed, 0x5EED])
+        self.own = np.random.default_rng([seed, self.salt])
+
+
+class RouterTier(ChooserTier):
+    """The router decides each request between an edge and a cloud tier, from the request's images and
+    instruction and, when its configuration names ``edge_spread``, from two draws of the edge's chunk.
+
+    ``decision_s``: the features' cost on the clock. The two draws are charged (2 x the edge's compute) before
+    the decision; when the edge serves, its answer is charged nothing more, as a robot reusing the first draw
+    would. The draws take their noise from a generator of their own, so the chunk that is served has the noise
+    the same request would get under edge-only or cloud-only: the placements differ by their choices alone."""
+
+    salt = 0x5EED
+
+    def __init__(self, router: Router, edge: EngineTier, cloud: EngineTier, *, decision_s: float = 0.0):
+        unknown = sorted(set(router.cfg.features.signals) - {"edge_spread"})
+        if unknown:
+            raise ValueError(f"router config names signal(s) {unknown} the simulator cannot measure "
+                             "(it knows 'edge_spread')")
+        super().__init__(edge, cloud, "router")
+        self.router, self.decision_s = router, float(decision_s)
 
     def serve(self, images, state, instruction, rng, now, rtc, dt) -> Served:
         signals, extra = {}, 0.0
         if "edge_spread" in self.router.cfg.features.signals:
-            a = self.edge.predict(images, state, instruction, self._side, now, rtc, dt)
-            b = self.edge.predict(images, state, instruction, self._side, now, rtc, dt)
+            a = self.edge.predict(images, state, instruction, self.own, now, rtc, dt)
+            b = self.edge.predict(images, state, instruction, self.own, now, rtc, dt)
             signals["edge_spread"] = chunk_spread(a, b)
             extra = 2 * self.edge.compute_s  # the two draws run before the decision
         d = self.router.decide(images, instruction, now=now, signals=signals, link=self.cloud.link.snapshot())
@@ -197,26 +210,19 @@ class RouterTier:
         return s
 
 
-class RandomTier:
-    """Each request to the cloud with probability ``p`` (drawn from the episode's own generator)."""
+class RandomTier(ChooserTier):
+    """Each request to the cloud with probability ``p`` (the coin: the chooser's own generator)."""
+
+    salt = 0x0FF
 
     def __init__(self, p: float, edge: EngineTier, cloud: EngineTier):
         if not (math.isfinite(p) and 0.0 <= p <= 1.0):
             raise ValueError(f"offload probability must be in [0, 1], got {p!r}")
-        self.p, self.edge, self.cloud, self.placement = float(p), edge, cloud, "random"
-        self._coin = np.random.default_rng(0)
-
-    @property
-    def max_rows(self) -> int:
-        return max(self.edge.chunk_size, self.cloud.chunk_size)
-
-    def start(self, dt: float, seed: int = 0) -> None:
-        self.edge.start(dt)
-        self.cloud.start(dt)
-        self._coin = np.random.default_rng([seed, 0x0FF])
+        super().__init__(edge, cloud, "random")
+        self.p = float(p)
 
     def serve(self, images, state, instruction, rng, now, rtc, dt) -> Served:
-        tier = self.cloud if self._coin.random() < self.p else self.edge
+        tier = self.cloud if self.own.random() < self.p else self.edge
         return tier.serve(images, state, instruction, rng, now, rtc, dt)
 
 
