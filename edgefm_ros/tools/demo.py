@@ -29,7 +29,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import time
@@ -46,7 +45,7 @@ from edgefm_ros.tools import sim_demo
 from edgefm_ros.tools.bag.analyze import command_timing, percentiles, read_run
 from edgefm_ros.tools.bag.make import MakeConfig, make_bag
 from edgefm_ros.tools.graph import (COMMAND_TOPIC, OUTPUT_TOPICS, Cloud, Model, ReplaySession, choose_model,
-                                    model_spec, node_params, router_available)
+                                    loopback_cloud, model_spec, node_params, router_available)
 
 SOURCES = ("cloud", "edge", "edge-fallback")
 
@@ -237,22 +236,12 @@ def check_args(args) -> None:
 @contextlib.contextmanager
 def cloud_tier(model: Model, out: Path, shadow: float):
     """The cloud server on loopback for the ``with`` block: yields (Cloud, token)."""
-    # MLServer's stack (the --cloud extra, checked by check_args) only where the cloud tier runs
-    from edgefm_ros.cloud.server.serve import running
-    from edgefm_ros.cloud.server.settings import ServeConfig, free_port
-
-    # this run only (192 random bits, 32 characters); vla_node gets it through its environment
-    token = secrets.token_urlsafe(24)
-    cfg = ServeConfig(model.checkpoint, vlm=model.vlm_dir or None, mode="exact",
-                      vision_position_ids=model.vision_position_ids, port=free_port(), token=token, threads=1,
-                      ready_timeout_s=300.0)
-    log_path = out / "run" / "cloud.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     shadow_log = out / "shadow.jsonl"
     if shadow_log.exists():
         shadow_log.unlink()
-    print(f"starting the cloud tier on loopback port {cfg.port} (log {log_path}) ...", flush=True)
-    with open(log_path, "ab") as log, running(cfg, log=log) as url:
+    log_path = out / "run" / "cloud.log"
+    with loopback_cloud(model.checkpoint, log_path, model.vlm_dir, model.vision_position_ids,
+                        progress=lambda m: print(m, flush=True)) as (url, token):
         yield Cloud(url, str(log_path), str(shadow_log) if shadow > 0 else ""), token
 
 

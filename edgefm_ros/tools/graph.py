@@ -18,10 +18,12 @@ imports this module (through tools/teach.py) and its parser runs without ROS.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -550,6 +552,25 @@ class Cloud:
     url: str
     log: str
     shadow_log: str  # "" when shadow mode is off
+
+
+@contextlib.contextmanager
+def loopback_cloud(checkpoint: str, log_path: Path, vlm: str | None = None, vision_position_ids: str = "auto",
+                   progress=print):
+    """``edgefm-cloud serve`` of ``checkpoint`` on a free loopback port (exact mode, one thread, a bearer token of
+    this run only: 192 random bits) for the ``with`` block, its output appended to ``log_path``: yields (url,
+    token); the token goes to vla_node through its environment, never a params file."""
+    # MLServer's stack (the cloud extra) only where a cloud tier runs
+    from edgefm_ros.cloud.server.serve import running
+    from edgefm_ros.cloud.server.settings import ServeConfig, free_port
+
+    token = secrets.token_urlsafe(24)
+    cfg = ServeConfig(checkpoint, vlm=vlm or None, mode="exact", vision_position_ids=vision_position_ids,
+                      port=free_port(), token=token, threads=1, ready_timeout_s=300.0)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"starting the cloud tier for {checkpoint} on loopback port {cfg.port} (log {log_path}) ...")
+    with open(log_path, "ab") as log, running(cfg, log=log) as url:
+        yield url, token
 
 
 def node_params(m: Model, cfg, args, cloud: Cloud | None = None) -> dict:

@@ -15,7 +15,6 @@ ActionChunk's ``source``), so the report has the same contract as ``--exec async
 from __future__ import annotations
 
 import contextlib
-import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -27,25 +26,10 @@ from edgefm_ros.cloud.client.base import TOKEN_ENV
 from edgefm_ros.sim.rollout import checkpoint_settings
 from edgefm_ros.sim.route_eval import RouteEvalConfig, RoutedEpisode, pgr, summarize
 from edgefm_ros.sim.tiers import EpisodeServing
+from edgefm_ros.tools.graph import loopback_cloud
 from edgefm_ros.tools.sim_ros import episode_windows, run_ros
 
 ROS_PLACEMENTS = ("edge", "router")
-
-
-@contextlib.contextmanager
-def cloud_server(checkpoint: str, log_path: Path, progress: Callable[[str], None] = print):
-    """``edgefm-cloud serve`` of ``checkpoint`` on loopback for the ``with`` block: yields (url, token)."""
-    # MLServer and nginx: the cloud tier's stack, only where a routed run starts one
-    from edgefm_ros.cloud.server.serve import running
-    from edgefm_ros.cloud.server.settings import ServeConfig, free_port
-
-    token = secrets.token_urlsafe(24)
-    cfg = ServeConfig(checkpoint, mode="exact", port=free_port(), token=token, threads=1, ready_timeout_s=300.0)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    progress(f"[route-eval ros] starting the cloud server for {checkpoint} on loopback port {cfg.port} "
-             f"(log {log_path}) ...")
-    with open(log_path, "ab") as log, running(cfg, log=log) as url:
-        yield url, token
 
 
 def routed_params(cfg: RouteEvalConfig, router_yaml: str, url: str | None) -> dict:
@@ -100,7 +84,7 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
             t0 = time.perf_counter()
             url, env = None, None
             if name == "router":
-                url, token = stack.enter_context(cloud_server(cfg.cloud, out / "cloud.log", progress))
+                url, token = stack.enter_context(loopback_cloud(cfg.cloud, out / "cloud.log", progress=progress))
                 env = {"vla_node": {TOKEN_ENV: token}}
             r = run_ros(cfg.edge, episodes, out_dir=out / name, aggregate=cfg.aggregate, progress=progress,
                         domain_id=domain_id, extra=routed_params(cfg, cfg.router, url), node_env=env)
