@@ -258,14 +258,16 @@ def run_route_eval(cfg: RouteEvalConfig, log: Callable[[str], None] = print) -> 
         runs["router"] = run_placement(setup, router_tier, cfg, "router", log)
         for d in cfg.delta_sweep:
             router_tier.router.set_thresholds(delta_min=d)
-            eps = run_placement(setup, router_tier, cfg, f"router delta_min={d:g}", log)
+            eps = runs["router"] if d == setup.router_cfg.policy.delta_min else \
+                run_placement(setup, router_tier, cfg, f"router delta_min={d:g}", log)
             s = summarize(eps)
             sweep.append({"delta_min": d, "success_rate": s["success_rate"], "offload_rate": s["offload_rate"],
                           "upload_mb": s["upload_mb"]})
         router_tier.router.set_thresholds(delta_min=setup.router_cfg.policy.delta_min)
     random_line = []
+    offload = summarize(runs["router"])["offload_rate"] if "router" in runs else None
     if "random" in want:
-        p = summarize(runs["router"])["offload_rate"] or 0.0
+        p = offload or 0.0
         runs["random"] = run_placement(setup, RandomTier(p, setup.edge, setup.cloud), cfg, f"random p={p:.2f}", log)
         for q in (0.25, 0.5, 0.75):
             s = summarize(run_placement(setup, RandomTier(q, setup.edge, setup.cloud), cfg, f"random p={q}", log))
@@ -275,7 +277,7 @@ def run_route_eval(cfg: RouteEvalConfig, log: Callable[[str], None] = print) -> 
     placements = {name: summarize(runs[name]) for name in PLACEMENTS if name in want}
     sr = {n: placements.get(n, {}).get("success_rate") for n in ("router", "edge", "cloud")}
     if "random" in want:
-        placements["random"]["p"] = summarize(runs["router"])["offload_rate"]
+        placements["random"]["p"] = offload
     return {
         "exec": "async", "pgr": pgr(sr["router"], sr["edge"], sr["cloud"]),
         "placements": placements, "sweep": sweep, "random_line": random_line,
