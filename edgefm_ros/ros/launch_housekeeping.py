@@ -69,9 +69,9 @@ def _remove_own_files_on_sigterm() -> None:
 def _remember_own_files(event, context):
     """launch_ros's participant exists once a process has started: its files are looked up now, so that the
     SIGTERM handler only unlinks them (a slow handler would let the launcher reap a child it then never
-    reports)."""
-    if not _own_files:
-        _own_files.extend(shm.owned_by(os.getpid()))
+    reports). Looked up again at every start: the first start may come while the participant is still
+    opening its ports, and a file missed then would outlive the launcher."""
+    _own_files.extend(n for n in shm.owned_by(os.getpid()) if n not in _own_files)
     return []
 
 

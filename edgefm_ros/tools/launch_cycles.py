@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{a.kill_node} SIG{a.kill_signal} x{a.kills}: abnormal {bad_kills}; restarted "
               f"{len(back)}/{a.kills}" + (f" (ready again in {min(back):.1f}-{max(back):.1f}s)" if back else ""))
     print(check.line())
+    if check.stale_new:
+        print("stale: " + " ".join(check.stale_new[:40]))
     ok = bad == 0 and bad_kills == 0 and check.ok()
     if ok and not a.workdir:
         shutil.rmtree(workdir, ignore_errors=True)

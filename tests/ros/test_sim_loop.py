@@ -126,8 +126,16 @@ def test_bad_commands_never_move_the_arm(sim, kind, tmp_path, ros_domain_id):
                     m.header.stamp = s.node.get_clock().now().to_msg()
                 pub.publish(m)
             time.sleep(0.1)
-        # the refusals are counted as the node takes the commands; its diagnostics come every 0.25 s
-        s.wait_for(lambda: int(s.diagnostics("sim_node").get("commands_rejected", 0)) >= 10 * len(bad), 5.0)
+        # the refusals are counted as the node takes the commands; its diagnostics come every 0.25 s. On a
+        # loaded host its queue may drop some, so wait for all of them or for a count that has stopped rising
+        # (0.8 s, three diagnostics periods, unchanged), not for a fixed time: the warning lasts 5 s after the last one
+        seen: list[int] = []
+
+        def settled() -> bool:
+            seen.append(int(s.diagnostics("sim_node").get("commands_rejected", 0)))
+            return seen[-1] >= 10 * len(bad) or (len(seen) > 8 and seen[-1] > 0 and len(set(seen[-8:])) == 1)
+
+        s.wait_for(settled, 5.0, poll=0.1)
         time.sleep(0.3)  # one more diagnostics period: no late refusal or application is missed
         diag = s.diagnostics("sim_node")
         held = np.array([r[1][:3] for r in rows if r[0] > t_bad])
