@@ -56,6 +56,7 @@ def main() -> int:
     img = frame()
     ok, jpg = cv2.imencode(".jpg", img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 80])
     jpeg = jpg.tobytes()
+    mirrored = np.ascontiguousarray(img[:, ::-1])  # a second camera's frame
     text = "if the red cup is left of the plate, put it in the second drawer"
     router = Router.from_yaml(ROOT / "config" / "router.yaml", link=LinkEstimator())
     for t in range(5):
@@ -67,6 +68,8 @@ def main() -> int:
         "feature vector raw (10)": lambda: extract_features({"cam": img}, text),
         "feature vector jpeg (10)": lambda: extract_features({"cam": jpeg}, text),
         "Router.decide raw": lambda: router.decide({"cam": img}, text, 1.0, now=5.0),
+        "Router.decide jpeg": lambda: router.decide({"cam": jpeg}, text, 1.0, now=5.0),
+        "Router.decide raw, 2 cams": lambda: router.decide({"a": img, "b": mirrored}, text, 1.0, now=5.0),
     }
     print(f"{'stage':<26} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}   ({args.runs} runs, cv2 threads "
           f"{cv2.getNumThreads()})")

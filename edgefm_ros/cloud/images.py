@@ -1,7 +1,7 @@
 """Camera images on the wire: raw arrays or JPEG, optionally downscaled first (OpenCV; no torch).
 
-Scaling and JPEG encoding are the router's (routing/payload.py): longer side fitted to ``resolution``
-with INTER_AREA, never enlarged; so the bytes it predicted for a candidate are the bytes sent.
+Scaling and JPEG encoding are the router's (routing/payload.py): longer side fitted to ``resolution``,
+never enlarged; so the bytes it predicted for a candidate are the bytes sent.
 
 An image travels as one byte string plus a few parameters saying how to read it back:
   raw:  {"image_encoding": "raw", "image_dtype": "uint8"|"float32", "image_shape": [..3 dims..]}
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
+
+from edgefm_ros.routing.payload import downscale as payload_downscale
 
 ENCODINGS = ("raw", "jpeg")
 
@@ -63,13 +65,9 @@ def to_hwc_uint8(img: np.ndarray) -> np.ndarray:
 
 
 def downscale(img: np.ndarray, resolution: int) -> np.ndarray:
-    """uint8 (H, W, 3) -> uint8 with the longer side <= resolution (INTER_AREA, aspect kept)."""
-    import cv2
-
-    h, w = img.shape[:2]
-    s = min(1.0, resolution / max(h, w))
-    th, tw = max(1, round(h * s)), max(1, round(w * s))
-    return img if (th, tw) == (h, w) else cv2.resize(img, (tw, th), interpolation=cv2.INTER_AREA)
+    """uint8 (H, W, 3) -> uint8 with the longer side <= resolution, aspect kept: the router's rule
+    (routing/payload.downscale), so the bytes it predicted are the bytes sent."""
+    return payload_downscale(img, resolution)
 
 
 def encode_image(img: np.ndarray, enc: Encoding) -> tuple[bytes, dict]:

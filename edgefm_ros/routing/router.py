@@ -33,7 +33,7 @@ from edgefm_ros.routing.config import RouterConfig, check_thresholds, load_route
 from edgefm_ros.routing.features import ImageInput, extract_features, feature_names
 from edgefm_ros.routing.link import LinkEstimator, LinkSnapshot
 from edgefm_ros.routing.pareto import best, placement_frontier
-from edgefm_ros.routing.payload import request_bytes
+from edgefm_ros.routing.payload import request_bytes_for
 from edgefm_ros.routing.predictor import LatencyHistory, compute_s, predict
 from edgefm_ros.types import CandidatePrediction, RouteDecision
 
@@ -131,13 +131,9 @@ class Router:
         link = self.link.snapshot(now) if link is None else link
         nbytes: dict[str, int] = {}
         if link.bandwidth_mbps > 0:  # the bytes matter only when the upload time can be predicted
-            encoded: dict[tuple[int, int], int] = {}
-            for c in self.cfg.candidates:
-                if c.placement == "cloud":
-                    key = (c.resolution, c.jpeg_quality)
-                    if key not in encoded:
-                        encoded[key] = request_bytes(images, *key)
-                    nbytes[c.name] = encoded[key]
+            cloud = [c for c in self.cfg.candidates if c.placement == "cloud"]
+            encoded = request_bytes_for(images, [(c.resolution, c.jpeg_quality) for c in cloud])
+            nbytes = {c.name: encoded[(c.resolution, c.jpeg_quality)] for c in cloud}
         return self.decide_features(feats, n_cameras=len(images), upload_bytes=nbytes, deadline_s=deadline_s,
                                     now=now, link=link, t0=t0)
 

@@ -2,6 +2,7 @@
 import math
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -191,7 +192,6 @@ def test_decide_on_images_fills_the_decision():
     for t in range(5):
         link.observe(500_000, 500_000 * 8 / 60e6, 0.03, now=float(t))
     img = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    import cv2
     ok, jpg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 60])
     images = {"observation.images.camera1": img, "observation.images.camera2": jpg.tobytes()}
     d = router.decide(images, "put the red block left of the cup", deadline_s=1.0, now=5.0)
@@ -221,3 +221,47 @@ def test_measured_latency_history_moves_predictions():
     assert before["edge"] == pytest.approx(0.2) and after["edge"] == pytest.approx(0.4, rel=0.01)
     with pytest.raises(ValueError, match="unknown candidate"):
         router.observe_latency("nope", 0.1)
+
+
+def test_request_bytes_are_the_bytes_the_cloud_client_sends():
+    """One decode and one resize per resolution serve every quality, and each count is the length of what
+    the cloud client encodes for that candidate (cloud/images.encode_image), on fresh random images."""
+    from edgefm_ros.cloud.images import Encoding, encode_image
+    from edgefm_ros.routing.payload import request_bytes_for
+
+    rng = np.random.default_rng()
+    h, w = int(rng.integers(200, 500)), int(rng.integers(200, 700))
+    rgb = cv2.GaussianBlur(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), (0, 0), float(rng.uniform(0.5, 3)))
+    chw = rng.random((3, int(rng.integers(64, 300)), int(rng.integers(64, 300))), dtype=np.float32)
+    images = {"a": rgb, "b": chw}
+    keys = [(512, 90), (512, 85), (224, 90), (128, 0), (224, 90)]
+    got = request_bytes_for(images, keys)
+    assert list(got) == [(512, 90), (512, 85), (224, 90), (128, 0)]
+    for (res, q), n in got.items():
+        sent = sum(len(encode_image(img, Encoding.from_route(q, res))[0]) for img in images.values())
+        assert n == sent == request_bytes(images, res, q), ((res, q), n, sent)
+    # a JPEG already small enough and of no higher quality goes as it is
+    ok, jpg = cv2.imencode(".jpg", rgb[:100, :120], [cv2.IMWRITE_JPEG_QUALITY, 70])
+    assert request_bytes_for({"c": jpg.tobytes()}, [(512, 90)])[(512, 90)] == jpg.size
+    with pytest.raises(ValueError, match="quality"):
+        request_bytes_for(images, [(512, 101)])
+
+
+@pytest.mark.parametrize("shape,resolution", [((480, 640), 512), ((480, 640), 224), ((1080, 1920), 300),
+                                              ((300, 200), 512), ((97, 401), 100)])
+def test_downscale_fits_the_longer_side_and_stays_close_to_area_averaging(shape, resolution):
+    """The fast rule (whole factors of two by area, the rest bilinear) against OpenCV's INTER_AREA on a fresh
+    smooth random image: the same size, never enlarged, and mean error under 2 grey levels."""
+    from edgefm_ros.routing.payload import downscale
+
+    rng = np.random.default_rng()
+    img = cv2.GaussianBlur(rng.integers(0, 256, (*shape, 3), dtype=np.uint8), (0, 0), 1.5)
+    out = downscale(img, resolution)
+    h, w = shape
+    s = min(1.0, resolution / max(h, w))
+    assert out.shape == (max(1, round(h * s)), max(1, round(w * s)), 3) and out.dtype == np.uint8
+    if s == 1.0:
+        assert out is img
+        return
+    ref = cv2.resize(img, out.shape[1::-1], interpolation=cv2.INTER_AREA)
+    assert np.abs(out.astype(np.int16) - ref).mean() < 2.0
