@@ -4,6 +4,8 @@
                      [--host 127.0.0.1] [--port 8080]
                      [--grpc-port N] [--token-file F | --token T] [--tls-cert C --tls-key K] ...
   edgefm-cloud serve --task vqa [--checkpoint SMOLVLM2_DIR | FILE.gguf] ...   (scene questions)
+  edgefm-cloud delay-proxy --target http://127.0.0.1:8080 --rtt-ms 40 [--rate-mbps 20] [--port 0]
+                     (a loopback TCP proxy adding a link's round trip and rate: delay_proxy.py)
 
 The token may also come from the environment variable EDGEFM_CLOUD_TOKEN (keeps it out of `ps`).
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 
 from edgefm_ros.cloud.client.base import TOKEN_ENV, read_token
+from edgefm_ros.cloud.delay_proxy import DelayProxy, LinkShape
 from edgefm_ros.cloud.server.settings import ServeConfig
 from edgefm_ros.cloud.tasks import TASKS
 from edgefm_ros.housekeeping.cli import cli_main
@@ -60,7 +64,22 @@ def _parser() -> argparse.ArgumentParser:
                    "nginx.conf.in (default: $EDGEFM_CLOUD_CONFIG_DIR, else config/cloud of the source tree or "
                    "the install)")
     s.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the model to load")
+    d = sub.add_parser("delay-proxy", help="a TCP proxy on 127.0.0.1 adding a round trip and a rate to a loopback "
+                                           "server (prints its URL, runs until Ctrl-C)")
+    d.add_argument("--target", required=True, help="the server: http(s)://HOST:PORT or HOST:PORT")
+    d.add_argument("--rtt-ms", type=float, default=0.0, help="round trip added, half each way (default 0)")
+    d.add_argument("--rate-mbps", type=float, default=None, help="each direction's rate (default: not paced)")
+    d.add_argument("--port", type=int, default=0, help="port to listen on (default 0: a free one)")
     return p
+
+
+def delay_proxy(args) -> int:
+    with DelayProxy(args.target, LinkShape(args.rtt_ms, args.rate_mbps), port=args.port) as proxy:
+        print(proxy.url, flush=True)
+        try:
+            threading.Event().wait()  # until Ctrl-C
+        finally:
+            logging.getLogger("edgefm_ros.cloud.delay_proxy").info("forwarded %s", proxy.counts())
 
 
 def _token(args) -> str | None:
@@ -86,6 +105,8 @@ def config_from_args(args) -> ServeConfig:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     args = _parser().parse_args(argv)
+    if args.command == "delay-proxy":
+        return delay_proxy(args)
     cfg = config_from_args(args)
     from edgefm_ros.cloud.server.serve import serve
 
