@@ -554,23 +554,86 @@ class Cloud:
     shadow_log: str  # "" when shadow mode is off
 
 
+class LoopbackCloud:
+    """``edgefm-cloud serve`` of ``checkpoint`` on a free loopback port (exact mode, one thread, a bearer token of
+    this run only: 192 random bits), in a process group of its own, its output appended to ``log_path``. The
+    token goes to the server, and to vla_node, through the environment, never a command line or params file.
+
+    ``kill()`` ends the whole group at once with SIGKILL (a crash: the supervisor, MLServer, nginx's master and
+    workers); ``start()`` serves again on the same port and token, so a client's configured ``url`` works again;
+    ``stop()`` (and the end of a ``with`` block) asks the supervisor to stop both servers (SIGTERM)."""
+
+    def __init__(self, checkpoint: str, log_path: Path, vlm: str | None = None, vision_position_ids: str = "auto",
+                 progress=print, ready_timeout_s: float = 300.0):
+        from edgefm_ros.cloud.server.settings import free_port  # the cloud extra, where a cloud tier runs
+
+        self.token = secrets.token_urlsafe(24)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path, self.progress, self.ready_timeout_s = Path(log_path), progress, ready_timeout_s
+        self.cmd = [sys.executable, "-m", "edgefm_ros.cloud.cli", "serve", "--checkpoint", checkpoint, "--mode",
+                    "exact", "--vision-position-ids", vision_position_ids, "--host", "127.0.0.1", "--port",
+                    str(self.port), "--threads", "1", "--ready-timeout", str(ready_timeout_s)]
+        self.cmd += ["--vlm", vlm] if vlm else []
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LoopbackCloud":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> float:
+        """Starts the tier and returns once its public endpoint answers ready: the seconds that took."""
+        from edgefm_ros.cloud.client.base import TOKEN_ENV  # as in __init__
+        from edgefm_ros.cloud.server.serve import _die_with_parent, url_ok
+
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"the cloud tier on port {self.port} is already running (pid {self.proc.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.progress(f"starting the cloud tier on loopback port {self.port} (log {self.log_path}) ...")
+        t0 = time.monotonic()
+        # SIGTERM when this process dies, so no orphan keeps the port; not from another thread (a restart of a
+        # fault schedule): the kernel sends it when the thread that started the child ends
+        main = threading.current_thread() is threading.main_thread()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, env=dict(os.environ, **{TOKEN_ENV: self.token}), stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent if main else None)
+        while not url_ok(f"{self.url}/v2/health/ready"):
+            if self.proc.poll() is not None or time.monotonic() - t0 > self.ready_timeout_s:
+                self.kill()
+                raise RuntimeError(f"the cloud tier on port {self.port} did not become ready (exit code "
+                                   f"{self.proc.returncode}); log {self.log_path}")
+            time.sleep(0.1)
+        return time.monotonic() - t0
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process group, as a crash; returns once the supervisor is gone."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.kill()  # the group's stragglers, if any
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+
 @contextlib.contextmanager
 def loopback_cloud(checkpoint: str, log_path: Path, vlm: str | None = None, vision_position_ids: str = "auto",
                    progress=print):
-    """``edgefm-cloud serve`` of ``checkpoint`` on a free loopback port (exact mode, one thread, a bearer token of
-    this run only: 192 random bits) for the ``with`` block, its output appended to ``log_path``: yields (url,
-    token); the token goes to vla_node through its environment, never a params file."""
-    # MLServer's stack (the cloud extra) only where a cloud tier runs
-    from edgefm_ros.cloud.server.serve import running
-    from edgefm_ros.cloud.server.settings import ServeConfig, free_port
-
-    token = secrets.token_urlsafe(24)
-    cfg = ServeConfig(checkpoint, vlm=vlm or None, mode="exact", vision_position_ids=vision_position_ids,
-                      port=free_port(), token=token, threads=1, ready_timeout_s=300.0)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    progress(f"starting the cloud tier for {checkpoint} on loopback port {cfg.port} (log {log_path}) ...")
-    with open(log_path, "ab") as log, running(cfg, log=log) as url:
-        yield url, token
+    """A ``LoopbackCloud`` for the ``with`` block: yields (url, token)."""
+    with LoopbackCloud(checkpoint, log_path, vlm, vision_position_ids, progress) as cloud:
+        yield cloud.url, cloud.token
 
 
 def node_params(m: Model, cfg, args, cloud: Cloud | None = None) -> dict:

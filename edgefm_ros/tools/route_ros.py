@@ -26,7 +26,8 @@ from edgefm_ros.cloud.client.base import TOKEN_ENV
 from edgefm_ros.sim.rollout import checkpoint_settings
 from edgefm_ros.sim.route_eval import RouteEvalConfig, RoutedEpisode, pgr, summarize
 from edgefm_ros.sim.tiers import EpisodeServing
-from edgefm_ros.tools.graph import loopback_cloud
+from edgefm_ros.tools.cloud_outage import CloudOutage, OutageRun, outage_report, slack_s
+from edgefm_ros.tools.graph import LoopbackCloud
 from edgefm_ros.tools.sim_ros import episode_windows, run_ros
 
 ROS_PLACEMENTS = ("edge", "router")
@@ -70,13 +71,16 @@ def episodes_of(run, events) -> list[RoutedEpisode]:
 
 
 def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, domain_id: int | None = None,
-                  progress: Callable[[str], None] = print) -> dict:
-    """The ``edge`` and ``router`` placements of ``cfg`` through the graph; the route-eval report."""
+                  progress: Callable[[str], None] = print, fault: CloudOutage | None = None) -> dict:
+    """The ``edge`` and ``router`` placements of ``cfg`` through the graph; the route-eval report. ``fault``: the
+    cloud server killed and restarted during the router placement's run (tools/cloud_outage.py; the report's
+    ``fault``)."""
     bad = [p for p in cfg.placements if p not in ROS_PLACEMENTS]
     if bad:
         raise ValueError(f"--exec ros runs the placements {list(ROS_PLACEMENTS)}; {bad} run with --exec async")
     episodes = [f"{t}:{s}" for s in cfg.seeds for t in cfg.tasks]
     runs: dict[str, list[RoutedEpisode]] = {}
+    fault_report = None
     with contextlib.ExitStack() as stack:
         out = Path(out_dir) if out_dir else Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="edgefm-route-ros-")))
@@ -84,10 +88,16 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
             t0 = time.perf_counter()
             url, env = None, None
             if name == "router":
-                url, token = stack.enter_context(loopback_cloud(cfg.cloud, out / "cloud.log", progress=progress))
+                cloud = stack.enter_context(LoopbackCloud(cfg.cloud, out / "cloud.log", progress=progress))
+                url, token = cloud.url, cloud.token
                 env = {"vla_node": {TOKEN_ENV: token}}
-            r = run_ros(cfg.edge, episodes, out_dir=out / name, aggregate=cfg.aggregate, progress=progress,
-                        domain_id=domain_id, extra=routed_params(cfg, cfg.router, url), node_env=env)
+            with (OutageRun(cloud, fault, out / name / "episodes.jsonl", progress) if fault and name == "router"
+                  else contextlib.nullcontext()) as outage:
+                r = run_ros(cfg.edge, episodes, out_dir=out / name, aggregate=cfg.aggregate, progress=progress,
+                            domain_id=domain_id, extra=routed_params(cfg, cfg.router, url), node_env=env)
+            if outage is not None:
+                fault_report = outage_report(outage.times(), r.run, episode_windows(r.events),
+                                             slack_s(cfg.threshold, r.run, r.report["control_hz"]))
             runs[name] = episodes_of(r.run, r.events)
             progress(f"[route-eval ros {name}] {sum(e.success for e in runs[name])}/{len(runs[name])} succeeded, "
                      f"{sum(p == 'cloud' for e in runs[name] for p in e.serving.placements)} chunks in the cloud "
@@ -97,7 +107,7 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
         placements[n]["upload_mb"] = placements[n]["upload_mb_per_episode"] = None  # not recorded through ROS
         placements[n]["sources"] = {src: sum(r == src for e in runs[n] for r in e.serving.reasons)
                                     for src in ("edge", "cloud", "edge-fallback")}
-    return {"exec": "ros", "placements": placements,
+    return {"exec": "ros", "placements": placements, **({"fault": fault_report} if fault else {}),
             "pgr": pgr(placements.get("router", {}).get("success_rate"),
                        placements.get("edge", {}).get("success_rate"), None),
             "episodes": {n: [e.summary() for e in runs[n]] for n in runs},

@@ -115,6 +115,7 @@ def cmd_route_eval(args: argparse.Namespace) -> int:
     # them, so that `edgefm-sim --help` and the other subcommands start without them
     from edgefm_ros.sim.route_eval import format_route_table, run_route_eval, write_json
     from edgefm_ros.sim.route_plot import write_route_plot
+    from edgefm_ros.tools.cloud_outage import CloudOutage, format_outage
     from edgefm_ros.tools.route_ros import run_route_ros
 
     seeds = parse_seeds(args.seeds)
@@ -126,10 +127,15 @@ def cmd_route_eval(args: argparse.Namespace) -> int:
         if not args.placements:
             args.placements = "edge,router"
         report = run_route_ros(_route_config(args, seeds), out_dir=args.out_dir, domain_id=args.domain_id,
-                               progress=lambda m: print(m, flush=True))
+                               progress=lambda m: print(m, flush=True),
+                               fault=CloudOutage.parse(args.cloud_outage) if args.cloud_outage else None)
     else:
+        if args.cloud_outage:
+            raise ValueError("--cloud-outage kills a real cloud server: it needs --exec ros")
         report = run_route_eval(_route_config(args, seeds), log=lambda m: print(m, flush=True))
     print(format_route_table(report))
+    if "fault" in report:
+        print(format_outage(report["fault"]))
     if args.json:
         write_json(report, args.json)
         print(f"report: {args.json}")
@@ -229,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(ros: edge,router)")
     r.add_argument("--out-dir", default=None, help="ros: keep the nodes' logs and records here")
     r.add_argument("--domain-id", type=int, default=None, help="ros: the graph's ROS_DOMAIN_ID")
+    r.add_argument("--cloud-outage", default=None, metavar="EPISODE,SECONDS", help="ros: kill the cloud server "
+                   "(SIGKILL to its process group) 1 s after episode EPISODE-1 ended, i.e. during episode EPISODE "
+                   "(0-based, >= 1), and restart it on the same port SECONDS later; the report's fault section")
     r.add_argument("--delta-sweep", default=None, help="delta_min values of the router's curve (comma-separated)")
     r.add_argument("--json", default=None, help="write the report here")
     r.add_argument("--plot", default=None, help="write success against offload here (SVG)")

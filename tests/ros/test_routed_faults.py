@@ -1,0 +1,81 @@
+"""The cloud server killed mid-run in the routed closed loop (``edgefm-sim route-eval --exec ros --cloud-outage``):
+door-close episodes under dark cameras, which router_node sends to the cloud, through the real nodes and
+``edgefm-cloud serve`` on loopback. During episode 2 the server's whole process group is killed with SIGKILL; a
+second later it is started again on the same port and token. Requests fall back to the edge while it is down, the
+arm's queue never runs dry, every episode ends, and once the server answers again vla_node's circuit breaker lets a
+trial call through and the episodes go back to the cloud."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from skips import require_material, require_module
+
+REPO = Path(__file__).resolve().parents[2]
+EDGE, CLOUD = REPO / "checkpoints" / "smolvla-edge", REPO / "checkpoints" / "smolvla-cloud"
+ROUTER = REPO / "config" / "router_sim.yaml"
+# door-close seeds that the mixed set draws dark: both policies close the door in the dark, and the router sends
+# these episodes to the cloud by their exposure (tests/ros/test_routed_loop.py). About 3 s each on the wall clock
+DARK = (1005, 1007, 1012, 1017, 1036, 1037, 1044, 1049, 1061, 1064, 1108, 1133)
+KILL_DURING, OUTAGE_S = 2, 1.0
+CLOUD_DEADLINE_S = 1.0  # vla_node's cloud_deadline_s in the routed run (tools/route_ros.routed_params)
+BREAKER_COOLDOWN_S = 5.0  # vla_node's cloud client: open this long before a trial call (cloud/breaker.py default)
+
+
+def test_cloud_killed_mid_run_falls_back_to_the_edge_and_routing_resumes_after_the_restart(ros, tmp_path,
+                                                                                           ros_domain_id):
+    require_module("metaworld", "the simulator (metaworld, mujoco) is not installed")
+    require_module("mlserver", "the cloud tier needs MLServer (scripts/setup.sh installs it)")
+    for p in (EDGE, CLOUD, ROUTER):
+        require_material(p.exists(), f"{p} is missing")
+    from edgefm_ros.sim.route_eval import RouteEvalConfig
+    from edgefm_ros.tools.cloud_outage import CloudOutage, format_outage
+    from edgefm_ros.tools.route_ros import run_route_ros
+
+    cfg = RouteEvalConfig(edge=str(EDGE), cloud=str(CLOUD), router=str(ROUTER), tasks=("door-close",), seeds=DARK,
+                          conditions="mixed", phrasings="varied", placements=("router",))
+    t0 = time.monotonic()
+    rep = run_route_ros(cfg, out_dir=tmp_path / "run", domain_id=ros_domain_id, progress=print,
+                        fault=CloudOutage(KILL_DURING, OUTAGE_S))
+    took = time.monotonic() - t0
+    f = rep["fault"]
+    print(format_outage(f))
+
+    # the schedule ran: killed during episode 2, ready again on the same port
+    assert f["error"] is None, f
+    assert math.isfinite(f["killed_at"]) and math.isfinite(f["ready_at"]), f
+    phases = [e["phase"] for e in f["episodes"]]
+    assert phases[:KILL_DURING] == ["before"] * KILL_DURING, phases  # the kill fell after episode 1 ended
+
+    # the run completed: every episode ended with an outcome, and most closed the door (all 12 on an idle machine)
+    eps = rep["episodes"]["router"]
+    assert [e["seed"] for e in eps] == list(DARK), eps
+    assert sum(e["success"] for e in eps) >= len(DARK) - 2, eps
+
+    # before the kill the dark episodes went to the cloud
+    assert f["chunks"]["before"]["cloud"] >= 2, f["chunks"]
+    # the crash was seen as such: calls failed on the connection and opened vla_node's breaker
+    client = f["cloud_client"]
+    assert int(client.get("fail_connection", 0)) >= 1 and int(client.get("breaker_opened", 0)) >= 1, client
+
+    # while it was down, chunks kept coming from the edge: each request that was meant for the cloud fell back
+    # (a refused connection or an open breaker fails at once, within the deadline), and every chunk arrived
+    # within the queue's slack, so the arm never ran out of actions
+    during = f["chunks"]["during"]
+    assert during["edge-fallback"] + during["edge"] >= 2, during
+    assert during["longest_request_s"] < min(f["slack_s"], CLOUD_DEADLINE_S + 1.0), (during, f["slack_s"])
+    # the arm holds only when its queue runs dry: after each episode's first chunk it never waited more than a
+    # few control ticks (0 on an idle machine), far below the slack; its wait for an episode's first chunk
+    # (warm-up, no queue yet) stayed below the slack as well, outage or not
+    assert 0.5 < f["slack_s"], f["slack_s"]
+    assert f["longest_hold_s"] <= 0.5, [(e["seed"], e["longest_hold_s"]) for e in f["episodes"]]
+    assert max(e["first_chunk_s"] for e in f["episodes"]) < f["slack_s"], f["episodes"]
+
+    # after the restart: the breaker's trial call found the server and closed it; the cloud serves again
+    assert client.get("breaker") == "closed", client
+    after = [e for e in f["episodes"] if e["phase"] == "after"]
+    assert len(after) >= 2, phases
+    assert sum(e["chunks"]["cloud"] for e in after) > 0, after
+    assert f["first_cloud_after_ready_s"] <= BREAKER_COOLDOWN_S + f["slack_s"] + 2.0, f
+    assert took < 150, f"the run took {took:.0f} s"
