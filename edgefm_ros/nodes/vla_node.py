@@ -227,14 +227,15 @@ class VlaNode(ManagedNode):
                 return
             self._requester.started()
         # an empty queue: the robot holds, it executes nothing of the last chunk (nothing to continue)
-        self._slot.put((self._route, msg.queue_size == 0))
+        self._slot.put(msg.queue_size == 0)
 
     # worker ----------------------------------------------------------------------------------------------
-    def _serve(self, item: tuple[tuple[RouteDecision, float] | None, bool]) -> None:
+    def _serve(self, queue_empty: bool) -> None:
         seq = 0
         try:
             self._cameras.take()  # each camera's newest frame, converted here, on the worker
-            seq = self._compute(self.cache.snapshot(self._now()), *item)
+            # the router's newest decision, read after the frames: the one made on frames closest to these
+            seq = self._compute(self.cache.snapshot(self._now()), self._route, queue_empty)
         except Exception as e:  # never let one bad chunk kill the worker
             self.errors += 1
             self.get_logger().error(f"inference failed: {e!r}", throttle_duration_sec=2.0)
