@@ -34,7 +34,7 @@ def engine(tmp_path_factory):
 
 class FakeRemote:
     """A RemotePolicy: the same engine (so equal noise and RTC give equal actions) plus ``offset``;
-    ``mode``: ok, raise, late (answers after the deadline) or wide (one action column too many)."""
+    ``mode``: ok, raise, late (answers after the deadline), wide (one action column too many) or nan."""
 
     def __init__(self, engine, mode="ok", offset=0.0):
         self.engine, self.mode, self.offset = engine, mode, offset
@@ -52,6 +52,9 @@ class FakeRemote:
         actions = c.actions + self.offset
         if self.mode == "wide":
             actions = np.concatenate([actions, actions[:, :1]], axis=1)
+        if self.mode == "nan":
+            actions = actions.copy()
+            actions[3, 1] = np.nan
         return dataclasses.replace(c, actions=actions, source="cloud")
 
     def stats(self):
@@ -146,6 +149,7 @@ def test_cloud_success(engine):
 
 
 @pytest.mark.parametrize("mode,why", [("late", "deadline"), ("raise", "link down"), ("wide", "action_dim"),
+                                      ("nan", "non-finite"),
                                       (None, "no cloud client")])
 def test_cloud_failure_falls_back_to_the_edge(engine, mode, why):
     remote = None if mode is None else FakeRemote(engine, mode, offset=1000.0)
