@@ -8,9 +8,15 @@ Placements through the graph (sim_node with the run's camera conditions and inst
   (``use_route``) to ``edgefm-cloud serve`` on loopback, serving the cloud checkpoint behind nginx with a
   bearer token, falling back to the edge on a missed deadline or a failure (``edge-fallback``).
 
-The link is loopback: its round trip and rate are what the router is told (``static_bandwidth_mbps`` /
-``static_rtt_s``), not shaped. Per episode, the chunks that arrived in it say where each was computed (the
-ActionChunk's ``source``), so the report has the same contract as ``--exec async``'s (sim.route_eval).
+The link is shaped: vla_node reaches the server through a delaying TCP proxy (cloud/delay_proxy.py) that
+holds each direction's bytes for half the link's round trip and paces each direction at its rate, on top of
+loopback's ~0.1 ms; router_node is told the same link (``static_bandwidth_mbps`` / ``static_rtt_s``). New
+connections pay no handshake round trip. The router placement's ``upload_mb`` is the proxy's count of bytes
+sent to the server during the run (requests with their headers, health checks, and requests whose chunk
+arrived outside an episode): exact for the placement, not per episode. Per chunk that asked the cloud (arrived
+from it, or fell back to the edge) the episodes carry that total's average, an estimate. Per episode, the chunks
+that arrived in it say where each was computed (the ActionChunk's ``source``), so the report has the same
+contract as ``--exec async``'s (sim.route_eval).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from edgefm_ros.cloud.client.base import TOKEN_ENV
+from edgefm_ros.cloud.delay_proxy import DelayProxy, LinkShape
 from edgefm_ros.sim.rollout import checkpoint_settings
 from edgefm_ros.sim.route_eval import RouteEvalConfig, RoutedEpisode, pgr, summarize
 from edgefm_ros.sim.tiers import EpisodeServing
@@ -48,8 +55,9 @@ def routed_params(cfg: RouteEvalConfig, router_yaml: str, url: str | None) -> di
     return extra
 
 
-def episodes_of(run, events) -> list[RoutedEpisode]:
-    """Per finished episode: its outcome and the chunks that arrived in it (source, observation -> chunk)."""
+def episodes_of(run, events, upload_per_request: float = 0.0) -> list[RoutedEpisode]:
+    """Per finished episode: its outcome and the chunks that arrived in it (source, observation -> chunk);
+    ``upload_per_request``: the bytes charged to each chunk that asked the cloud (module docstring)."""
     recv = np.asarray(run.chunk_recv, dtype=np.float64)
     stamp = np.asarray(run.chunk_stamp, dtype=np.float64)
     source = list(run.chunk_source)
@@ -61,7 +69,7 @@ def episodes_of(run, events) -> list[RoutedEpisode]:
         for i in np.flatnonzero((recv >= w.start) & (recv <= w.end) & (stamp >= w.start)):
             s.placements.append("cloud" if source[i] == "cloud" else "edge")
             s.latency_s.append(float(latency[i]))
-            s.upload_bytes.append(0)  # not recorded here (the report says None)
+            s.upload_bytes.append(round(upload_per_request) if source[i] in ("cloud", "edge-fallback") else 0)
             s.reasons.append(source[i])
             s.features.append(())
         start = starts.get((w.task, w.seed), {})
@@ -80,17 +88,20 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
         raise ValueError(f"--exec ros runs the placements {list(ROS_PLACEMENTS)}; {bad} run with --exec async")
     episodes = [f"{t}:{s}" for s in cfg.seeds for t in cfg.tasks]
     runs: dict[str, list[RoutedEpisode]] = {}
+    uploads: dict[str, int] = {}  # bytes the proxy forwarded to the server, per placement
     fault_report = None
     with contextlib.ExitStack() as stack:
         out = Path(out_dir) if out_dir else Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="edgefm-route-ros-")))
         for name in cfg.placements:
             t0 = time.perf_counter()
-            url, env = None, None
+            url, env, proxy = None, None, None
             if name == "router":
                 cloud = stack.enter_context(LoopbackCloud(cfg.cloud, out / "cloud.log", progress=progress))
                 url, token = cloud.url, cloud.token
                 env = {"vla_node": {TOKEN_ENV: token}}
+                proxy = stack.enter_context(DelayProxy(url, LinkShape(cfg.link.rtt_ms, cfg.link.mbps)))
+                url = proxy.url  # vla_node's requests cross the link's round trip and rate
             with (OutageRun(cloud, fault, out / name / "episodes.jsonl", progress) if fault and name == "router"
                   else contextlib.nullcontext()) as outage:
                 r = run_ros(cfg.edge, episodes, out_dir=out / name, aggregate=cfg.aggregate, progress=progress,
@@ -98,13 +109,16 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
             if outage is not None:
                 fault_report = outage_report(outage.times(), r.run, episode_windows(r.events),
                                              slack_s(cfg.threshold, r.run, r.report["control_hz"]))
-            runs[name] = episodes_of(r.run, r.events)
+            uploads[name] = proxy.counts().up if proxy is not None else 0
+            asked = sum(src in ("cloud", "edge-fallback") for src in r.run.chunk_source)
+            runs[name] = episodes_of(r.run, r.events, uploads[name] / asked if asked else 0.0)
             progress(f"[route-eval ros {name}] {sum(e.success for e in runs[name])}/{len(runs[name])} succeeded, "
                      f"{sum(p == 'cloud' for e in runs[name] for p in e.serving.placements)} chunks in the cloud "
                      f"({time.perf_counter() - t0:.0f} s)")
     placements = {n: summarize(runs[n]) for n in cfg.placements}
     for n in placements:
-        placements[n]["upload_mb"] = placements[n]["upload_mb_per_episode"] = None  # not recorded through ROS
+        placements[n]["upload_mb"] = round(uploads[n] / 1e6, 4)  # the proxy's count (module docstring)
+        placements[n]["upload_mb_per_episode"] = round(uploads[n] / 1e6 / len(runs[n]), 5) if runs[n] else None
         placements[n]["sources"] = {src: sum(r == src for e in runs[n] for r in e.serving.reasons)
                                     for src in ("edge", "cloud", "edge-fallback")}
     return {"exec": "ros", "placements": placements, **({"fault": fault_report} if fault else {}),
@@ -114,6 +128,6 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
             "settings": {"edge": cfg.edge, "cloud": cfg.cloud, "router": cfg.router, "tasks": list(cfg.tasks),
                          "seeds": list(cfg.seeds), "conditions": cfg.conditions, "phrasings": cfg.phrasings,
                          "link": {"mbps": cfg.link.mbps, "rtt_ms": cfg.link.rtt_ms,
-                                  "note": "told to the router; the wire is loopback"},
+                                  "note": "told to the router; shaped by a delaying proxy"},
                          "aggregate": cfg.aggregate, "chunk_size_threshold": cfg.threshold,
                          "clock": "wall: the real nodes over DDS, the real cloud server on loopback"}}
