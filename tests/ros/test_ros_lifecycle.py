@@ -274,7 +274,8 @@ class _Remote:
 
 
 @pytest.mark.parametrize("route,mode,want", [(None, "ok", "edge"), ("edge", "ok", "edge"), ("cloud", "ok", "cloud"),
-                                             ("cloud", "raise", "edge-fallback"), ("cloud", "late", "edge-fallback")])
+                                             ("cloud", "raise", "edge-fallback"), ("cloud", "late", "edge-fallback"),
+                                             ("moon", "ok", "edge")])
 def test_vla_node_follows_the_route_and_falls_back_to_the_edge(ctx, tiny_model, route, mode, want):
     from rclpy.lifecycle import TransitionCallbackReturn as R
 
@@ -300,7 +301,15 @@ def test_vla_node_follows_the_route_and_falls_back_to_the_edge(ctx, tiny_model, 
             cache.put_frame(k, Frame(now - 0.01, rgb=RNG.integers(0, 256, (48, 64, 3), dtype=np.uint8)))
         cache.put_state(RNG.normal(size=6).astype(np.float32), now - 0.005)
         cache.put_task("pick", now)
-        decision = None if route is None else (RouteDecision(route, f"{route}-x", "test"), now)
+        if route == "moon":  # a malformed decision on the topic: counted and named, the edge serves
+            from edgefm_ros.msg import RouteDecision as RouteDecisionMsg
+
+            node._on_route(RouteDecisionMsg(target="moon", candidate="moon-x", reason="test"))
+            assert node._route is None and node.bad_messages["route"] == 1
+            assert "moon" in node.diagnostics()[1] + str(node.diagnostics()[2]), node.diagnostics()
+            decision = node._route
+        else:
+            decision = None if route is None else (RouteDecision(route, f"{route}-x", "test"), now)
         seq = node._compute(cache.snapshot(now), decision)
         assert seq == 1 and len(sent) == 1
         chunk = msg_to_chunk(sent[0])
