@@ -54,7 +54,7 @@ def test_cloud_killed_mid_run_falls_back_to_the_edge_and_routing_resumes_after_t
     assert sum(e["success"] for e in eps) >= len(DARK) - 2, eps
 
     # before the kill the dark episodes went to the cloud
-    assert f["chunks"]["before"]["cloud"] >= 2, f["chunks"]
+    assert f["chunks"]["before"]["cloud"] >= 1, f["chunks"]
     # the crash was seen as such: calls failed on the connection and opened vla_node's breaker
     client = f["cloud_client"]
     assert int(client.get("fail_connection", 0)) >= 1 and int(client.get("breaker_opened", 0)) >= 1, client
