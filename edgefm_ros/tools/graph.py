@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -576,6 +577,7 @@ class LoopbackCloud:
                     str(self.port), "--threads", "1", "--ready-timeout", str(ready_timeout_s)]
         self.cmd += ["--vlm", vlm] if vlm else []
         self.proc: subprocess.Popen | None = None
+        self._tmp: str | None = None  # the tier's TMPDIR: its run directory, which a SIGKILL leaves behind
 
     def __enter__(self) -> "LoopbackCloud":
         self.start()
@@ -597,9 +599,11 @@ class LoopbackCloud:
         # SIGTERM when this process dies, so no orphan keeps the port; not from another thread (a restart of a
         # fault schedule): the kernel sends it when the thread that started the child ends
         main = threading.current_thread() is threading.main_thread()
+        self._tmp = tempfile.mkdtemp(prefix="edgefm-lc-")  # short: nginx's unix socket path lives in it
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, env=dict(os.environ, **{TOKEN_ENV: self.token}), stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env = dict(os.environ, TMPDIR=self._tmp, **{TOKEN_ENV: self.token})
+            self.proc = subprocess.Popen(self.cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=_die_with_parent if main else None)
         while not url_ok(f"{self.url}/v2/health/ready"):
             if self.proc.poll() is not None or time.monotonic() - t0 > self.ready_timeout_s:
@@ -616,6 +620,9 @@ class LoopbackCloud:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
 
     def stop(self, grace_s: float = 20.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
