@@ -41,6 +41,7 @@ from edgefm_ros.ros.convert import compressed_view, image_view, route_to_msg
 from edgefm_ros.ros.lifecycle import ManagedNode
 from edgefm_ros.ros.spin import run_node
 from edgefm_ros.routing.config import check_thresholds
+from edgefm_ros.routing.link import LinkSnapshot
 from edgefm_ros.routing.router import Router
 from edgefm_ros.types import RouteDecision
 
@@ -161,8 +162,10 @@ class RouterNode(ManagedNode):
             if not data:
                 self.router.link.observe_failure(now)
             elif len(data) == 3:
-                if self.cfg.static_bandwidth_mbps <= 0:  # a static link is the estimate; failures still count
+                if self.cfg.static_bandwidth_mbps <= 0:
                     self.router.link.observe(int(data[0]), float(data[1]), float(data[2]), now)
+                else:  # a static link is the estimate; a success still closes the breaker, failures open it
+                    self.router.link.observe(0, 0.0, float(data[2]), now)
             else:
                 raise ValueError(f"expected [upload_bytes, upload_s, rtt_s] or [], got {data}")
         except ValueError as e:
@@ -190,13 +193,9 @@ class RouterNode(ManagedNode):
         if not images:
             self._last_problem = "no fresh camera image"
             return
-        if self.cfg.static_bandwidth_mbps > 0:
-            nbytes = 1_000_000
-            self.router.link.observe(nbytes, nbytes * 8 / (self.cfg.static_bandwidth_mbps * 1e6),
-                                     self.cfg.static_rtt_s, now)
         t0 = time.perf_counter()
         try:
-            d = self.router.decide(images, self._instruction, self.cfg.deadline_s or None, now)
+            d = self.router.decide(images, self._instruction, self.cfg.deadline_s or None, now, link=self._link(now))
         except ValueError as e:
             self._failures += 1
             self._last_problem = f"decision failed: {e}"
@@ -209,17 +208,27 @@ class RouterNode(ManagedNode):
         self._decisions += 1
         self._pub.publish(msg)
 
+    def _link(self, now: float) -> LinkSnapshot:
+        """The link the router decides with: the estimator's, or with ``static_bandwidth_mbps`` the configured
+        rate and round trip beside the estimator's breaker (fed by the cloud client's failures and successes)."""
+        link = self.router.link.snapshot(now)
+        if self.cfg.static_bandwidth_mbps > 0:
+            link = LinkSnapshot(bandwidth_mbps=self.cfg.static_bandwidth_mbps, rtt_s=self.cfg.static_rtt_s,
+                                breaker_open=link.breaker_open, age_s=0.0)
+        return link
+
     def diagnostics(self) -> tuple[bytes, str, dict]:
         ms = np.array(self._overhead_ms) if self._overhead_ms else np.array([math.nan])
         d, r, now = self._last, self.router, time.monotonic()
+        link = self._link(now)
         values = {
             "decisions": self._decisions, "decision_ms_last": float(ms[-1]), "decision_ms_mean": float(np.mean(ms)),
             "decision_ms_p95": float(np.percentile(ms, 95)), "target": d.target if d else "",
             "candidate": d.candidate if d else "", "reason": d.reason if d else "",
             "delta_min": r.delta_min, "guard_mbps": r.guard.guard_mbps,
             "guard_hysteresis_mbps": r.guard.hysteresis_mbps, "guard_active": r.guard.active,
-            "breaker_open": r.link.breaker_open(now), "bandwidth_mbps": r.link.bandwidth_mbps(now),
-            "rtt_s": r.link.rtt_s(now), "fresh_cameras": len(self._fresh_images(now)),
+            "breaker_open": link.breaker_open, "bandwidth_mbps": link.bandwidth_mbps,
+            "rtt_s": link.rtt_s, "fresh_cameras": len(self._fresh_images(now)),
             "malformed_images": self._bad_images, "failed_decisions": self._failures,
         }
         if self.prober is not None:

@@ -25,9 +25,10 @@ class RouterNodeConfig(NodeConfig, node="router_node"):
                                    range=(0.001, 3600.0))
     link_sample_topic: str = param(topics.LINK_SAMPLE, "Input: Float64MultiArray [upload_bytes, upload_s, rtt_s] "
                                    "per cloud call; [] for a failed call.")
-    static_bandwidth_mbps: float = param(0.0, "When > 0: a known fixed link, fed to the estimator before each "
-                                         "decision (demos, benches), and the measured samples' rates and round trips are not "
-                                         "mixed in (their failures still open the breaker); 0: measured samples only.",
+    static_bandwidth_mbps: float = param(0.0, "When > 0: a known fixed link the router decides with (demos, "
+                                         "benches); the measured samples' rates and round trips are not mixed in, while "
+                                         "their failures open the breaker and their successes close it; 0: measured "
+                                         "samples only.",
                                          range=(0.0, 100000.0))
     static_rtt_s: float = param(0.02, "RTT of the static link.", range=(0.0, 10.0))
     cloud_url: str = param("", "Cloud endpoint (edgefm-cloud serve) whose link is probed, e.g. "

@@ -237,6 +237,24 @@ def test_router_node_publishes_decisions_and_validates_thresholds(harness):
     assert harness.wait(lambda: len(harness.decisions) > n + 1, 15.0)
     diag = dict(harness.diag)
     assert 0 < float(diag["decision_ms_p95"]) < 1000 and int(diag["decisions"]) >= 5
+
+    # with a static link, the cloud client's failed calls still open the breaker (config/router.yaml: after 3)
+    # and a successful one closes it; the static rate and round trip stay what the router decides with
+    from std_msgs.msg import Float64MultiArray
+
+    from edgefm_ros.ros import qos
+
+    link = harness.node.create_publisher(Float64MultiArray, "edgefm/link_sample", qos.RELIABLE)
+    assert harness.wait(lambda: link.get_subscription_count() > 0, 15.0)
+    for _ in range(3):
+        link.publish(Float64MultiArray(data=[]))
+    assert harness.wait(lambda: harness.decisions[-1][1].breaker_open, 15.0), harness.diag
+    _, d = harness.decisions[-1]
+    assert d.target == "edge" and d.reason == "breaker" and d.bandwidth_mbps == pytest.approx(80.0, rel=1e-3)
+    link.publish(Float64MultiArray(data=[200_000.0, 0.5, 0.2]))  # a slow call: 3.2 Mbit/s, 200 ms
+    assert harness.wait(lambda: not harness.decisions[-1][1].breaker_open, 15.0), harness.diag
+    _, d = harness.decisions[-1]
+    assert d.bandwidth_mbps == pytest.approx(80.0, rel=1e-3) and d.rtt_s == pytest.approx(0.03, rel=1e-3)
     assert harness.proc.poll() is None, "router_node died"
 
 
