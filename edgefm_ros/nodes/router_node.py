@@ -211,11 +211,9 @@ class RouterNode(ManagedNode):
     def _link(self, now: float) -> LinkSnapshot:
         """The link the router decides with: the estimator's, or with ``static_bandwidth_mbps`` the configured
         rate and round trip beside the estimator's breaker (fed by the cloud client's failures and successes)."""
-        link = self.router.link.snapshot(now)
         if self.cfg.static_bandwidth_mbps > 0:
-            link = LinkSnapshot(bandwidth_mbps=self.cfg.static_bandwidth_mbps, rtt_s=self.cfg.static_rtt_s,
-                                breaker_open=link.breaker_open, age_s=0.0)
-        return link
+            return self.router.link.static_snapshot(now, self.cfg.static_bandwidth_mbps, self.cfg.static_rtt_s)
+        return self.router.link.snapshot(now)
 
     def diagnostics(self) -> tuple[bytes, str, dict]:
         ms = np.array(self._overhead_ms) if self._overhead_ms else np.array([math.nan])

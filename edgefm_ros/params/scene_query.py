@@ -38,9 +38,9 @@ class SceneQueryConfig(NodeConfig, node="scene_query_node"):
                                "cloud's answer in one response.")
     cloud_timeout_s: float = param(5.0, "A cloud answer must arrive within this (retries included); else the edge "
                                    "answers (edge-fallback).", range=(0.05, 600.0))
-    static_bandwidth_mbps: float = param(0.0, "When > 0: a known link, fed to the router's link estimator before "
-                                         "each decision; 0: only measured cloud calls (no cloud decision before the "
-                                         "first).", range=(0.0, 100000.0))
+    static_bandwidth_mbps: float = param(0.0, "When > 0: a known link the router decides with (the cloud "
+                                         "client's failures still open its breaker, its successes close it); 0: only "
+                                         "measured cloud calls (no cloud decision before the first).", range=(0.0, 100000.0))
     static_rtt_s: float = param(0.02, "RTT of the static link.", range=(0.0, 10.0))
     probe_period_s: float = param(5.0, "Link probe (an upload to cloud_url's /edgefm/probe, in the background) when "
                                   "the link estimate is unknown or about to go stale, at most this often; 0: off. "

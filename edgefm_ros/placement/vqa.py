@@ -54,11 +54,11 @@ class SceneAnswerer:
         if self.router is None or not frames:
             return "edge", "", "no router" if self.router is None else "no frames", {}
         self.poll_link()
+        link = None
         if self.cfg.static_bandwidth_mbps > 0:
-            nbytes = 1_000_000
-            self.router.link.observe(nbytes, nbytes * 8 / (self.cfg.static_bandwidth_mbps * 1e6),
-                                     self.cfg.static_rtt_s, time.monotonic())
-        d = self.router.decide(frames, question)
+            link = self.router.link.static_snapshot(time.monotonic(), self.cfg.static_bandwidth_mbps,
+                                                    self.cfg.static_rtt_s)
+        d = self.router.decide(frames, question, link=link)
         return d.target, d.candidate, d.reason, dict(d.params)
 
     def ask_cloud(self, question: str, frames: dict, params: dict, on_partial=None):

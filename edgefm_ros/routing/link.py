@@ -159,3 +159,11 @@ class LinkEstimator:
     def snapshot(self, now: float) -> LinkSnapshot:
         return LinkSnapshot(bandwidth_mbps=self.bandwidth_mbps(now), rtt_s=self.rtt_s(now),
                             breaker_open=self.breaker_open(now), age_s=now - self._last_ok)
+
+    def static_snapshot(self, now: float, bandwidth_mbps: float, rtt_s: float) -> LinkSnapshot:
+        """A known fixed link (a node's ``static_bandwidth_mbps``): that rate and round trip, with this
+        estimator's breaker, which the cloud client's failures still open and its successes close."""
+        _check("bandwidth_mbps", bandwidth_mbps, strict=True)
+        _check("rtt_s", rtt_s)
+        return LinkSnapshot(bandwidth_mbps=float(bandwidth_mbps), rtt_s=float(rtt_s),
+                            breaker_open=self.breaker_open(now), age_s=0.0)

@@ -103,3 +103,21 @@ def test_bad_config_is_rejected():
         LinkConfig(window=0)
     with pytest.raises(ValueError, match="breaker_max_cooldown_s"):
         LinkConfig(breaker_cooldown_s=10.0, breaker_max_cooldown_s=5.0)
+
+
+def test_a_static_link_keeps_its_rate_and_round_trip_while_failures_and_successes_move_the_breaker():
+    est = LinkEstimator(LinkConfig(breaker_failures=2, breaker_cooldown_s=10.0))
+    s = est.static_snapshot(0.0, 20.0, 0.04)
+    assert (s.bandwidth_mbps, s.rtt_s, s.breaker_open) == (20.0, 0.04, False)
+    est.observe_failure(1.0)
+    est.observe_failure(1.5)
+    s = est.static_snapshot(2.0, 20.0, 0.04)
+    assert s.breaker_open and (s.bandwidth_mbps, s.rtt_s) == (20.0, 0.04)
+    assert not est.static_snapshot(11.6, 20.0, 0.04).breaker_open  # the cool-down is over: a trial call may go
+    est.observe(0, 0.0, 0.3, 12.0)  # the trial succeeded (its rate and round trip do not change the static link)
+    s = est.static_snapshot(12.0, 20.0, 0.04)
+    assert not s.breaker_open and (s.bandwidth_mbps, s.rtt_s) == (20.0, 0.04) and est.consecutive_failures == 0
+    for bad, match in (((0.0, 0.04), "bandwidth_mbps"), ((float("nan"), 0.04), "bandwidth_mbps"),
+                       ((20.0, -1.0), "rtt_s")):
+        with pytest.raises(ValueError, match=match):
+            est.static_snapshot(12.0, *bad)
