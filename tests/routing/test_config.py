@@ -34,6 +34,8 @@ def test_repository_config_loads():
     (lambda d: d["features"]["aggregate"].update(blur="median"), "median"),
     (lambda d: d["link"].update(window=0), "window"),
     (lambda d: d.update(candidates=[c for c in d["candidates"] if c["placement"] == "cloud"]), "edge candidate"),
+    (lambda d: d["policy"].update(cloud_only="cloud-xl"), "policy.cloud_only 'cloud-xl' is not a cloud candidate"),
+    (lambda d: d["policy"].update(edge_only=d["candidates"][-1]["name"]), "policy.edge_only"),
 ])
 def test_bad_configs_name_the_bad_value(edit, needle):
     d = doc()
