@@ -2,6 +2,7 @@
 executor that serves a process's other work from a thread."""
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
 import signal
@@ -30,6 +31,11 @@ EXIT_WITH_PARENT_ENV = "EDGEFM_EXIT_WITH_PARENT"
 # Requests closer together are one: a terminal's Ctrl-C reaches every process of the group and `ros2 launch`
 # forwards it as well.
 FORCE_AFTER_S = 2.0
+# Once the node's own threads are stopped, the rest of a shutdown (executor, node, context, DDS participant) takes
+# well under a second. Stuck longer than this in native code, where no Python signal handler can run, it dumps
+# every thread's Python stack to stderr (the launch log) and exits with status 1, instead of waiting for `ros2
+# launch` to escalate to SIGKILL with nothing said.
+SHUTDOWN_WATCHDOG_S = 4.0
 
 
 class ShutdownRequest:
@@ -120,7 +126,9 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
         if request.signal is not None:
             node.get_logger().info(f"{signal.Signals(request.signal).name}: shutting down")
         if stop is not None:
-            stop(node)
+            stop(node)  # its joins have their own time limits, and report
+        if exit_process:  # the rest runs in native code, where the main thread cannot run a signal handler
+            faulthandler.dump_traceback_later(SHUTDOWN_WATCHDOG_S, exit=True)
         executor.remove_node(node)
         executor.shutdown(timeout_sec=1.0)
         destroy_node(node)

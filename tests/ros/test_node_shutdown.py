@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -274,3 +275,46 @@ def test_node_refusing_its_parameters_leaves_no_shared_memory(ros, tmp_path, ros
     assert r.returncode == 2 and "invalid parameters" in r.stdout + r.stderr, r.stdout + r.stderr
     left = [n for n in shm.stale() if n not in before]
     assert not left, f"{name} refusing {bad} left {left}"
+
+
+STUCK_NODE = """
+import sys, time
+import rclpy.node
+from edgefm_ros.ros import spin
+
+class Stuck(rclpy.node.Node):
+    def destroy_node(self):
+        print("destroying", flush=True)
+        time.sleep(60)  # as a participant's deletion stuck in native code would
+
+sys.exit(spin.run_node(lambda: Stuck("stuck_node"), "stuck_node"))
+"""
+
+
+def test_a_shutdown_stuck_after_the_threads_stopped_dumps_the_stacks_and_exits_1(ros, tmp_path, ros_domain_id):
+    """Past the node's own threads, a shutdown stuck where no Python signal handler runs ends by itself after
+    spin.SHUTDOWN_WATCHDOG_S, with status 1 and every thread's stack on stderr naming where it was stuck."""
+    import os
+
+    from edgefm_ros.ros.spin import SHUTDOWN_WATCHDOG_S
+
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_NODE)
+    env = {**os.environ, "ROS_DOMAIN_ID": str(ros_domain_id), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(3.0)  # up and spinning
+        assert proc.poll() is None, proc.communicate()[0]
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=SHUTDOWN_WATCHDOG_S + 20)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        shm.clean()  # its participant was never deleted: its files, which no live process uses
+    assert proc.returncode == 1, (proc.returncode, out)
+    assert SHUTDOWN_WATCHDOG_S <= took < SHUTDOWN_WATCHDOG_S + 10, took
+    assert "destroying" in out and "Timeout" in out and "in destroy_node" in out, out
