@@ -17,7 +17,7 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.substitutions import FindPackageShare
 
 from edgefm_ros.params import topics
-from edgefm_ros.ros.launch_args import arguments, value
+from edgefm_ros.ros.launch_args import arguments, node_env, value
 from edgefm_ros.ros.launch_housekeeping import housekeeping_actions
 
 
@@ -27,7 +27,7 @@ def recorder(context):
     ns = value(context, "namespace").strip("/")
     own = [f"/{ns}/{t}" if ns else f"/{t}" for t in (topics.ACTION_CHUNK, topics.QUEUE_STATUS, topics.ROUTE)]
     return [ExecuteProcess(cmd=["edgefm-bag", "record", value(context, "record"), "--topics", *own,
-                                topics.COMMAND, topics.DIAGNOSTICS], output="screen")]
+                                topics.COMMAND, topics.DIAGNOSTICS], output="screen", additional_env=node_env())]
 
 
 def generate_launch_description():
@@ -47,5 +47,5 @@ def generate_launch_description():
         OpaqueFunction(function=recorder),
         TimerAction(period=LaunchConfiguration("play_delay_s"), actions=[
             ExecuteProcess(cmd=["edgefm-bag", "play", LaunchConfiguration("bag"), "--rate",
-                                LaunchConfiguration("rate")], output="screen")]),
+                                LaunchConfiguration("rate")], output="screen", additional_env=node_env())]),
     ])

@@ -132,12 +132,20 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
         executor.remove_node(node)
         executor.shutdown(timeout_sec=1.0)
         destroy_node(node)
-        rclpy.try_shutdown()
-        context.destroy()
-        request.ignore_further()
-        if request.parent_gone():
-            clean_after_launcher(node.get_logger())
+        finish(request, node.get_logger())
     return exit_now(0) if exit_process else 0
+
+
+def finish(request: ShutdownRequest, logger) -> None:
+    """The end of a ROS process, once its nodes are destroyed: rclpy shut down and its context finalized (the
+    DDS participant deleted now, not by the interpreter's finalization), further signals ignored, and, when the
+    launcher died first, the shared-memory files nobody uses removed (``clean_after_launcher``)."""
+    context = rclpy.get_default_context()
+    rclpy.try_shutdown()
+    context.destroy()
+    request.ignore_further()
+    if request.parent_gone():
+        clean_after_launcher(logger)
 
 
 def clean_after_launcher(logger) -> None:

@@ -112,7 +112,7 @@ def _play(a) -> int:
     import rclpy
     from rclpy.signals import SignalHandlerOptions
 
-    from edgefm_ros.ros.spin import ShutdownRequest
+    from edgefm_ros.ros.spin import ShutdownRequest, finish
 
     cfg = PlayConfig(a.bag, a.rate, a.loop, parse_remap(a.remap), tuple(a.topics), not a.no_restamp,
                      a.start_offset)
@@ -126,9 +126,9 @@ def _play(a) -> int:
             player.play(request.event)
         print(f"published {player.published} messages")
     finally:
+        logger = node.get_logger()
         node.destroy_node()
-        rclpy.try_shutdown()
-        request.ignore_further()
+        finish(request, logger)
     return 0
 
 
@@ -138,7 +138,7 @@ def _record(a) -> int:
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
     from rclpy.signals import SignalHandlerOptions
 
-    from edgefm_ros.ros.spin import ShutdownRequest
+    from edgefm_ros.ros.spin import ShutdownRequest, finish
     from edgefm_ros.tools.bag.record import Recorder, RecordConfig
 
     request = ShutdownRequest(rclpy.logging.get_logger("edgefm_bag_recorder"))  # Ctrl-C / SIGTERM: stop
@@ -156,9 +156,9 @@ def _record(a) -> int:
         pass
     finally:
         rec.close()  # the bag's metadata: written even when stopped by a signal
+        logger = node.get_logger()
         node.destroy_node()
-        rclpy.try_shutdown()
-        request.ignore_further()
+        finish(request, logger)
     for topic, n in sorted(rec.counts.items()):
         print(f"  {topic}: {n}")
     return 0
