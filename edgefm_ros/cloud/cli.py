@@ -69,12 +69,21 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--target", required=True, help="the server: http(s)://HOST:PORT or HOST:PORT")
     d.add_argument("--rtt-ms", type=float, default=0.0, help="round trip added, half each way (default 0)")
     d.add_argument("--rate-mbps", type=float, default=None, help="each direction's rate (default: not paced)")
+    d.add_argument("--jitter-ms", type=float, default=0.0, help="extra one-way delay per chunk, uniform in "
+                   "[0, JITTER] (default 0); delivery stays in order")
+    d.add_argument("--loss", type=float, default=0.0, help="probability that a chunk is lost and arrives one "
+                   "retransmission timeout (200 ms + RTT) late (default 0)")
+    d.add_argument("--handshake", action="store_true", help="a new connection's first bytes wait one more RTT "
+                   "(TCP's handshake)")
+    d.add_argument("--seed", type=int, default=None, help="seed of the jitter and loss draws (default: random)")
     d.add_argument("--port", type=int, default=0, help="port to listen on (default 0: a free one)")
     return p
 
 
 def delay_proxy(args) -> int:
-    with DelayProxy(args.target, LinkShape(args.rtt_ms, args.rate_mbps), port=args.port) as proxy:
+    shape = LinkShape(args.rtt_ms, args.rate_mbps, jitter_ms=args.jitter_ms, loss=args.loss,
+                      handshake=args.handshake, seed=args.seed)
+    with DelayProxy(args.target, shape, port=args.port) as proxy:
         print(proxy.url, flush=True)
         try:
             threading.Event().wait()  # until Ctrl-C

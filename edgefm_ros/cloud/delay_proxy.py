@@ -13,9 +13,17 @@ left, or after it was read if the link was idle, then travels ``rtt/2``. A 400 k
 takes 160 ms plus the one-way delay. Up to ``QUEUE_CHUNKS`` chunks wait per direction (the link's buffer);
 beyond that the proxy stops reading, and TCP holds the sender back.
 
-What it does not model: the TCP handshake (a new connection pays no extra round trip, which a real link would
-charge once per connection), loss, and jitter. The client's kernel sees a loopback peer, so TCP_INFO's RTT of
-a proxied connection stays the loopback's.
+Optional impairments (``LinkShape``), drawn from the proxy's own seeded generator:
+
+- ``handshake``: a new connection's first bytes wait one extra round trip, as TCP's SYN / SYN-ACK would make
+  the client wait before it could send (once per connection; HTTP keep-alive pays it once);
+- ``jitter_ms``: each chunk's one-way delay grows by a uniform draw in [0, jitter]. Delivery stays in order, as
+  TCP's is: a chunk never overtakes the one before it, so a message waits for its slowest chunk so far;
+- ``loss``: each chunk is lost with this probability and arrives one retransmission timeout later
+  (``RTO_MIN_S``, Linux's 200 ms floor, plus the round trip), holding the chunks behind it. This is TCP's
+  recovery seen from the application, not a packet-level model: no congestion window, no fast retransmit.
+
+The client's kernel sees a loopback peer, so TCP_INFO's RTT of a proxied connection stays the loopback's.
 
 Bytes are counted when the proxy forwards them, up (client -> target) and down, per proxy, readable from any
 thread (``counts()``). A connection the target refuses is closed on the client's side and logged; the proxy
@@ -29,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
@@ -41,6 +50,7 @@ PACED_CHUNK_S = 0.002  # with a rate: read at most this much of the link's time 
 CONNECT_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
 DEFAULT_PORTS = {"http": 80, "https": 443}
+RTO_MIN_S = 0.2  # Linux's minimum TCP retransmission timeout: what a lost segment costs at least
 
 
 def _number(v) -> bool:
@@ -54,12 +64,40 @@ class LinkShape:
 
     rtt_ms: float = 0.0
     rate_mbps: float | None = None
+    jitter_ms: float = 0.0  # extra one-way delay per chunk, uniform in [0, jitter_ms]
+    loss: float = 0.0  # probability that a chunk is lost and retransmitted after RTO_MIN_S + the round trip
+    handshake: bool = False  # a new connection's first bytes wait one more round trip
+    seed: int | None = None  # the jitter and loss draws (None: from the OS)
 
     def __post_init__(self) -> None:
         if not (_number(self.rtt_ms) and self.rtt_ms >= 0):
             raise ValueError(f"rtt_ms must be a finite number of ms >= 0, got {self.rtt_ms!r}")
         if self.rate_mbps is not None and not (_number(self.rate_mbps) and self.rate_mbps > 0):
             raise ValueError(f"rate_mbps must be a finite number of Mbit/s > 0 or None, got {self.rate_mbps!r}")
+        if not (_number(self.jitter_ms) and self.jitter_ms >= 0):
+            raise ValueError(f"jitter_ms must be a finite number of ms >= 0, got {self.jitter_ms!r}")
+        if not (_number(self.loss) and 0 <= self.loss < 1):
+            raise ValueError(f"loss must be a probability in [0, 1), got {self.loss!r}")
+        if not isinstance(self.handshake, bool):
+            raise ValueError(f"handshake must be a bool, got {self.handshake!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+
+    @property
+    def retransmit_s(self) -> float:
+        """What a lost chunk adds: the retransmission timeout's floor plus the round trip."""
+        return RTO_MIN_S + self.rtt_ms / 1e3
+
+    def describe(self) -> str:
+        rate = "unpaced" if self.rate_mbps is None else f"{self.rate_mbps:g} Mbit/s"
+        text = f"rtt {self.rtt_ms:g} ms, rate {rate}"
+        if self.jitter_ms:
+            text += f", jitter {self.jitter_ms:g} ms"
+        if self.loss:
+            text += f", loss {self.loss:.2%}"
+        if self.handshake:
+            text += ", handshake"
+        return text
 
     @property
     def one_way_delay_s(self) -> float:
@@ -84,6 +122,7 @@ class ByteCounts:
     down: int = 0
     connections: int = 0
     refused: int = 0
+    lost: int = 0  # chunks held back one retransmission timeout (LinkShape.loss)
 
 
 def split_target(target: str) -> tuple[str, str, int]:
@@ -116,7 +155,8 @@ class DelayProxy:
         self.shape = shape
         self.host, self._port = host, port
         self._lock = threading.Lock()
-        self._up = self._down = self._connections = self._refused = 0
+        self._up = self._down = self._connections = self._refused = self._lost = 0
+        self._rng = random.Random(shape.seed)  # used on the loop's thread only
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -145,7 +185,7 @@ class DelayProxy:
 
     def counts(self) -> ByteCounts:
         with self._lock:
-            return ByteCounts(self._up, self._down, self._connections, self._refused)
+            return ByteCounts(self._up, self._down, self._connections, self._refused, self._lost)
 
     def start(self) -> "DelayProxy":
         if self._thread is not None:
@@ -160,9 +200,8 @@ class DelayProxy:
             self._thread.join()
             self._thread = None
             raise self._error
-        log.info("delay proxy %s:%d -> %s:%d (rtt %.1f ms, rate %s)", *self._address, self.target_host,
-                 self.target_port, self.shape.rtt_ms,
-                 "unpaced" if self.shape.rate_mbps is None else f"{self.shape.rate_mbps:g} Mbit/s")
+        log.info("delay proxy %s:%d -> %s:%d (%s)", *self._address, self.target_host, self.target_port,
+                 self.shape.describe())
         return self
 
     def stop(self) -> None:
@@ -243,7 +282,9 @@ class DelayProxy:
                 self._connections += 1
             up_q: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
             down_q: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
-            parts = [asyncio.create_task(self._read(creader, up_q)),
+            # with a handshake, the client could not have sent before SYN and SYN-ACK went both ways
+            opened = asyncio.get_running_loop().time() + (self.shape.rtt_ms / 1e3 if self.shape.handshake else 0.0)
+            parts = [asyncio.create_task(self._read(creader, up_q, opened)),
                      asyncio.create_task(self._deliver(up_q, twriter, "up")),
                      asyncio.create_task(self._read(treader, down_q)),
                      asyncio.create_task(self._deliver(down_q, cwriter, "down"))]
@@ -267,11 +308,14 @@ class DelayProxy:
                     w.close()
             self._tasks.discard(task)
 
-    async def _read(self, src: asyncio.StreamReader, queue: asyncio.Queue) -> None:
-        """Read chunks and queue each with its due time; the last item is (due, b'') for the end of stream."""
+    async def _read(self, src: asyncio.StreamReader, queue: asyncio.Queue, not_before: float = 0.0) -> None:
+        """Read chunks and queue each with its due time; the last item is (due, b'') for the end of stream.
+        Nothing is sent before ``not_before`` (loop time: the handshake)."""
         loop = asyncio.get_running_loop()
-        delay, bps, size = self.shape.one_way_delay_s, self.shape.bytes_per_s, self.shape.chunk_bytes
-        link_free = 0.0  # when this direction's link has sent everything read so far
+        shape = self.shape
+        delay, bps, size = shape.one_way_delay_s, shape.bytes_per_s, shape.chunk_bytes
+        link_free = not_before  # when this direction's link has sent everything read so far
+        last_due = 0.0  # in order: no chunk is due before the one before it
         while True:
             try:
                 data = await src.read(size)
@@ -283,8 +327,16 @@ class DelayProxy:
                 link_free = max(now, link_free) + len(data) / bps
                 sent = link_free
             else:
-                sent = now
-            await queue.put((sent + delay, data))
+                sent = max(now, link_free)
+            due = sent + delay
+            if data and shape.jitter_ms:
+                due += self._rng.uniform(0.0, shape.jitter_ms / 1e3)
+            if data and shape.loss and self._rng.random() < shape.loss:
+                due += shape.retransmit_s
+                with self._lock:
+                    self._lost += 1
+            last_due = max(last_due, due)
+            await queue.put((last_due, data))
             if not data:
                 return
 

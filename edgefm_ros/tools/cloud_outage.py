@@ -1,9 +1,14 @@
 """A cloud server crash in the routed closed loop (``edgefm-sim route-eval --exec ros --cloud-outage``).
 
-``CloudOutage(at_episode, outage_s, after_s)``: ``after_s`` seconds after episode ``at_episode - 1`` (0-based,
-the order of the run) reported its outcome, the whole ``edgefm-cloud serve`` process group is killed with
-SIGKILL (a crash: nothing is closed cleanly, requests in flight lose their connection); ``outage_s`` seconds
-later it is started again on the same port with the same token, so vla_node's configured URL works again.
+``CloudOutage(at_episode, outage_s, after_s, kind)``: ``after_s`` seconds after episode ``at_episode - 1``
+(0-based, the order of the run) reported its outcome, the whole ``edgefm-cloud serve`` process group
+
+- ``crash``: is killed with SIGKILL (nothing is closed cleanly, requests in flight lose their connection);
+  ``outage_s`` seconds later it is started again on the same port with the same token, so vla_node's configured
+  URL works again;
+- ``hang``: is stopped with SIGSTOP (connections are accepted by the kernel and never answered, requests in
+  flight get no reply: only the client's deadline ends them); ``outage_s`` seconds later SIGCONT lets it go on,
+  and it works through the requests that queued before it answers fresh ones.
 
 ``OutageRun`` carries the schedule out on a thread of its own while the episodes run (it watches sim_node's
 results file, one line per finished episode) and records the wall-clock times of the kill and of the server
@@ -22,6 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 SOURCES = ("cloud", "edge", "edge-fallback")
+FAULT_KINDS = ("crash", "hang")
 
 
 @dataclass(frozen=True)
@@ -29,8 +35,11 @@ class CloudOutage:
     at_episode: int  # the episode (0-based, >= 1: the first one runs with the server up) the kill falls in
     outage_s: float  # kill -> restart (the restart then takes as long as the server needs to load)
     after_s: float = 1.0  # the previous episode's outcome -> the kill (sim_node settles 0.5 s between episodes)
+    kind: str = "crash"  # "crash" (SIGKILL, then a restart) or "hang" (SIGSTOP, then SIGCONT)
 
     def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"CloudOutage.kind must be one of {list(FAULT_KINDS)}, got {self.kind!r}")
         if isinstance(self.at_episode, bool) or not isinstance(self.at_episode, int) or self.at_episode < 1:
             raise ValueError(f"CloudOutage.at_episode must be an int >= 1 (the first episode runs with the server "
                              f"up), got {self.at_episode!r}")
@@ -41,16 +50,16 @@ class CloudOutage:
 
     @classmethod
     def parse(cls, text: str) -> "CloudOutage":
-        """'EPISODE,SECONDS' (e.g. '2,8'), as ``--cloud-outage`` takes it."""
+        """'EPISODE,SECONDS[,KIND]' (e.g. '2,8' or '2,8,hang'), as ``--cloud-outage`` takes it."""
         parts = text.split(",")
         try:
-            if len(parts) != 2:
+            if len(parts) not in (2, 3):
                 raise ValueError
-            return cls(int(parts[0]), float(parts[1]))
+            return cls(int(parts[0]), float(parts[1]), kind=parts[2].strip() if len(parts) == 3 else "crash")
         except ValueError as e:
             why = f": {e}" if str(e) else ""
-            raise ValueError(f"--cloud-outage {text!r}: expected EPISODE,SECONDS with EPISODE an int >= 1 and "
-                             f"SECONDS >= 0 (e.g. 2,8){why}") from None
+            raise ValueError(f"--cloud-outage {text!r}: expected EPISODE,SECONDS[,crash|hang] with EPISODE an int "
+                             f">= 1 and SECONDS >= 0 (e.g. 2,8 or 2,8,hang){why}") from None
 
 
 def _finished(results: Path) -> int:
@@ -89,6 +98,16 @@ class OutageRun:
             if self._stop.wait(self.fault.after_s):
                 return
             self.killed_at = time.time()
+            if self.fault.kind == "hang":
+                self.cloud.freeze()
+                self.progress(f"[cloud outage] froze the cloud tier (SIGSTOP to its process group) during episode "
+                              f"{self.fault.at_episode}; letting it go on in {self.fault.outage_s:g} s")
+                self._stop.wait(self.fault.outage_s)
+                self.cloud.thaw()
+                self.restart_s = 0.0
+                self.ready_at = time.time()
+                self.progress("[cloud outage] the cloud tier goes on (SIGCONT)")
+                return
             self.cloud.kill()
             self.progress(f"[cloud outage] killed the cloud tier (SIGKILL to its process group) during episode "
                           f"{self.fault.at_episode}; restarting it in {self.fault.outage_s:g} s")
@@ -101,7 +120,8 @@ class OutageRun:
             self.progress(f"[cloud outage] failed: {e}")
 
     def times(self) -> dict:
-        return {"at_episode": self.fault.at_episode, "outage_s": self.fault.outage_s, "after_s": self.fault.after_s,
+        return {"kind": self.fault.kind, "at_episode": self.fault.at_episode, "outage_s": self.fault.outage_s,
+                "after_s": self.fault.after_s,
                 "killed_at": self.killed_at, "ready_at": self.ready_at, "restart_s": self.restart_s,
                 "down_s": self.ready_at - self.killed_at, "error": None if self.error is None else str(self.error)}
 
@@ -174,8 +194,10 @@ def format_outage(f: dict) -> str:
         return f"cloud outage: the schedule failed: {f['error']}"
     if not math.isfinite(f["killed_at"]):
         return "cloud outage: the run ended before the kill"
-    lines = [f"cloud outage: killed during episode {f['at_episode']}, ready again {f['down_s']:.1f} s later "
-             f"(restart {f['restart_s']:.1f} s); first cloud chunk {f['first_cloud_after_ready_s']:.2f} s after "
+    how = ("hung (SIGSTOP) during episode {e}, going on again {d:.1f} s later" if f.get("kind") == "hang" else
+           "killed during episode {e}, ready again {d:.1f} s later (restart {r:.1f} s)").format(
+        e=f["at_episode"], d=f["down_s"], r=f["restart_s"])
+    lines = [f"cloud outage: {how}; first cloud chunk {f['first_cloud_after_ready_s']:.2f} s after "
              f"ready; vla_node's breaker opened {f['cloud_client'].get('breaker_opened', '?')} time(s), now "
              f"{f['cloud_client'].get('breaker', '?')}"]
     for phase, c in f["chunks"].items():

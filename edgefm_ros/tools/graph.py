@@ -562,6 +562,7 @@ class LoopbackCloud:
 
     ``kill()`` ends the whole group at once with SIGKILL (a crash: the supervisor, MLServer, nginx's master and
     workers); ``start()`` serves again on the same port and token, so a client's configured ``url`` works again;
+    ``freeze()`` / ``thaw()`` stop and continue the group (SIGSTOP / SIGCONT: a server that hangs);
     ``stop()`` (and the end of a ``with`` block) asks the supervisor to stop both servers (SIGTERM)."""
 
     def __init__(self, checkpoint: str, log_path: Path, vlm: str | None = None, vision_position_ids: str = "auto",
@@ -624,7 +625,21 @@ class LoopbackCloud:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
+    def freeze(self) -> None:
+        """SIGSTOP to the whole process group: a server that hangs. The kernel still accepts connections into
+        the listening sockets' backlogs, and nothing answers them until ``thaw()``."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"the cloud tier on port {self.port} is not running: nothing to freeze")
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT to the whole process group (after ``freeze()``); the server works through what queued."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self, grace_s: float = 20.0) -> None:
+        self.thaw()  # a frozen group would not hear SIGTERM
         if self.proc is None or self.proc.poll() is not None:
             return self.kill()  # the group's stragglers, if any
         self.proc.send_signal(signal.SIGTERM)

@@ -10,8 +10,9 @@ Placements through the graph (sim_node with the run's camera conditions and inst
 
 The link is shaped: vla_node reaches the server through a delaying TCP proxy (cloud/delay_proxy.py) that
 holds each direction's bytes for half the link's round trip and paces each direction at its rate, on top of
-loopback's ~0.1 ms; router_node is told the same link (``static_bandwidth_mbps`` / ``static_rtt_s``). New
-connections pay no handshake round trip. The router placement's ``upload_mb`` is the proxy's count of bytes
+loopback's ~0.1 ms; router_node is told the same link (``static_bandwidth_mbps`` / ``static_rtt_s``). On
+request (``impair``) the proxy adds jitter, TCP-like loss recovery and a handshake round trip per new
+connection; the router is not told of those. The router placement's ``upload_mb`` is the proxy's count of bytes
 sent to the server during the run (requests with their headers, health checks, and requests whose chunk
 arrived outside an episode): exact for the placement, not per episode. Per chunk that asked the cloud (arrived
 from it, or fell back to the edge) the episodes carry that total's average, an estimate. Per episode, the chunks
@@ -79,16 +80,20 @@ def episodes_of(run, events, upload_per_request: float = 0.0) -> list[RoutedEpis
 
 
 def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, domain_id: int | None = None,
-                  progress: Callable[[str], None] = print, fault: CloudOutage | None = None) -> dict:
+                  progress: Callable[[str], None] = print, fault: CloudOutage | None = None,
+                  impair: dict | None = None) -> dict:
     """The ``edge`` and ``router`` placements of ``cfg`` through the graph; the route-eval report. ``fault``: the
-    cloud server killed and restarted during the router placement's run (tools/cloud_outage.py; the report's
-    ``fault``)."""
+    cloud server killed and restarted, or frozen and let go on, during the router placement's run
+    (tools/cloud_outage.py; the report's ``fault``). ``impair``: the proxy's jitter_ms, loss and handshake
+    (cloud/delay_proxy.LinkShape) on top of the link's rate and round trip; the router is told only those."""
+    shape = LinkShape(cfg.link.rtt_ms, cfg.link.mbps, **(impair or {}))  # ValueError naming a bad value first
     bad = [p for p in cfg.placements if p not in ROS_PLACEMENTS]
     if bad:
         raise ValueError(f"--exec ros runs the placements {list(ROS_PLACEMENTS)}; {bad} run with --exec async")
     episodes = [f"{t}:{s}" for s in cfg.seeds for t in cfg.tasks]
     runs: dict[str, list[RoutedEpisode]] = {}
     uploads: dict[str, int] = {}  # bytes the proxy forwarded to the server, per placement
+    lost: dict[str, int] = {}  # chunks the proxy held back a retransmission timeout, per placement
     fault_report = None
     with contextlib.ExitStack() as stack:
         out = Path(out_dir) if out_dir else Path(stack.enter_context(tempfile.TemporaryDirectory(
@@ -100,7 +105,7 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
                 cloud = stack.enter_context(LoopbackCloud(cfg.cloud, out / "cloud.log", progress=progress))
                 url, token = cloud.url, cloud.token
                 env = {"vla_node": {TOKEN_ENV: token}}
-                proxy = stack.enter_context(DelayProxy(url, LinkShape(cfg.link.rtt_ms, cfg.link.mbps)))
+                proxy = stack.enter_context(DelayProxy(url, shape))
                 url = proxy.url  # vla_node's requests cross the link's round trip and rate
             with (OutageRun(cloud, fault, out / name / "episodes.jsonl", progress) if fault and name == "router"
                   else contextlib.nullcontext()) as outage:
@@ -109,7 +114,10 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
             if outage is not None:
                 fault_report = outage_report(outage.times(), r.run, episode_windows(r.events),
                                              slack_s(cfg.threshold, r.run, r.report["control_hz"]))
-            uploads[name] = proxy.counts().up if proxy is not None else 0
+            counts = proxy.counts() if proxy is not None else None
+            uploads[name] = counts.up if counts is not None else 0
+            if counts is not None and counts.lost:
+                lost[name] = counts.lost
             asked = sum(src in ("cloud", "edge-fallback") for src in r.run.chunk_source)
             runs[name] = episodes_of(r.run, r.events, uploads[name] / asked if asked else 0.0)
             progress(f"[route-eval ros {name}] {sum(e.success for e in runs[name])}/{len(runs[name])} succeeded, "
@@ -118,6 +126,8 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
     placements = {n: summarize(runs[n]) for n in cfg.placements}
     for n in placements:
         placements[n]["upload_mb"] = round(uploads[n] / 1e6, 4)  # the proxy's count (module docstring)
+        if n in lost:
+            placements[n]["link_chunks_lost"] = lost[n]
         placements[n]["upload_mb_per_episode"] = round(uploads[n] / 1e6 / len(runs[n]), 5) if runs[n] else None
         placements[n]["sources"] = {src: sum(r == src for e in runs[n] for r in e.serving.reasons)
                                     for src in ("edge", "cloud", "edge-fallback")}
@@ -127,7 +137,8 @@ def run_route_ros(cfg: RouteEvalConfig, *, out_dir: str | Path | None = None, do
             "episodes": {n: [e.summary() for e in runs[n]] for n in runs},
             "settings": {"edge": cfg.edge, "cloud": cfg.cloud, "router": cfg.router, "tasks": list(cfg.tasks),
                          "seeds": list(cfg.seeds), "conditions": cfg.conditions, "phrasings": cfg.phrasings,
-                         "link": {"mbps": cfg.link.mbps, "rtt_ms": cfg.link.rtt_ms,
-                                  "note": "told to the router; shaped by a delaying proxy"},
+                         "link": {"mbps": cfg.link.mbps, "rtt_ms": cfg.link.rtt_ms, "jitter_ms": shape.jitter_ms,
+                                  "loss": shape.loss, "handshake": shape.handshake,
+                                  "note": "rate and RTT told to the router; all shaped by a delaying proxy"},
                          "aggregate": cfg.aggregate, "chunk_size_threshold": cfg.threshold,
                          "clock": "wall: the real nodes over DDS, the real cloud server on loopback"}}

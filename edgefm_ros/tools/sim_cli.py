@@ -128,10 +128,15 @@ def cmd_route_eval(args: argparse.Namespace) -> int:
             args.placements = "edge,router"
         report = run_route_ros(_route_config(args, seeds), out_dir=args.out_dir, domain_id=args.domain_id,
                                progress=lambda m: print(m, flush=True),
-                               fault=CloudOutage.parse(args.cloud_outage) if args.cloud_outage else None)
+                               fault=CloudOutage.parse(args.cloud_outage) if args.cloud_outage else None,
+                               impair={"jitter_ms": args.jitter_ms, "loss": args.loss, "handshake": args.handshake})
     else:
         if args.cloud_outage:
             raise ValueError("--cloud-outage kills a real cloud server: it needs --exec ros")
+        shaped = [f"--{k} {v}" for k, v in (("jitter-ms", args.jitter_ms), ("loss", args.loss)) if v] + \
+            (["--handshake"] if args.handshake else [])
+        if shaped:
+            raise ValueError(f"{', '.join(shaped)}: the link's proxy shapes real connections; it needs --exec ros")
         report = run_route_eval(_route_config(args, seeds), log=lambda m: print(m, flush=True))
     print(format_route_table(report))
     if "fault" in report:
@@ -235,9 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "(ros: edge,router)")
     r.add_argument("--out-dir", default=None, help="ros: keep the nodes' logs and records here")
     r.add_argument("--domain-id", type=int, default=None, help="ros: the graph's ROS_DOMAIN_ID")
-    r.add_argument("--cloud-outage", default=None, metavar="EPISODE,SECONDS", help="ros: kill the cloud server "
-                   "(SIGKILL to its process group) 1 s after episode EPISODE-1 ended, i.e. during episode EPISODE "
-                   "(0-based, >= 1), and restart it on the same port SECONDS later; the report's fault section")
+    r.add_argument("--cloud-outage", default=None, metavar="EPISODE,SECONDS[,KIND]", help="ros: 1 s after "
+                   "episode EPISODE-1 ended, i.e. during episode EPISODE (0-based, >= 1), kill the cloud server "
+                   "(crash, the default: SIGKILL to its process group, restarted on the same port SECONDS later) "
+                   "or freeze it (hang: SIGSTOP, SIGCONT SECONDS later); the report's fault section")
+    r.add_argument("--jitter-ms", type=float, default=0.0, help="ros: the link's proxy adds up to this much "
+                   "one-way delay per chunk, in order (default 0)")
+    r.add_argument("--loss", type=float, default=0.0, help="ros: probability that the proxy holds a chunk one "
+                   "retransmission timeout (200 ms + RTT), as TCP recovers a lost segment (default 0)")
+    r.add_argument("--handshake", action="store_true", help="ros: a new connection pays one more RTT (TCP's "
+                   "handshake)")
     r.add_argument("--delta-sweep", default=None, help="delta_min values of the router's curve (comma-separated)")
     r.add_argument("--json", default=None, help="write the report here")
     r.add_argument("--plot", default=None, help="write success against offload here (SVG)")

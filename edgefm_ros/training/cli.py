@@ -17,8 +17,9 @@ DEFAULTS = TrainConfig()
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", required=True, help="LeRobot v3.0 dataset directory (edgefm-sim collect, "
-                   "edgefm-bag to-dataset; video or image cameras)")
+    p.add_argument("--dataset", required=True, action="append", help="LeRobot v3.0 dataset directory (edgefm-sim "
+                   "collect, edgefm-bag to-dataset; video or image cameras); repeat it to train on several as one "
+                   "(same cameras, dims and fps)")
     p.add_argument("--out", required=True, help="checkpoint directory to write (LeRobot layout)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--arch", default=None, choices=sorted(ARCHS), help="from scratch (default: tiny)")
@@ -76,12 +77,23 @@ def run_train(args) -> int:
 
     command = " ".join(["edgefm-vla"] + [shlex.quote(a) for a in sys.argv[1:]])
     try:
-        try:
-            demos = read_demos(Path(args.dataset))
-        except FileNotFoundError as e:
-            raise ValueError(f"--dataset: {e}") from None
+        import numpy as np
+
+        from edgefm_ros.datasets.merge import merge_demos  # with the dataset readers (PyAV, pandas)
+
+        parts = []
+        for path in args.dataset:
+            try:
+                parts.append(read_demos(Path(path)))
+            except FileNotFoundError as e:
+                raise ValueError(f"--dataset: {e}") from None
+        demos = merge_demos(parts, names=args.dataset)
+        if len(parts) > 1:
+            log(f"train: {len(parts)} datasets as one: {len(np.unique(demos.episode_index))} episodes, "
+                f"{len(demos.state)} frames, {len(demos.tasks)} task texts")
         result = train(demos, args.out, cfg, arch=None if args.init else (args.arch or "tiny"), init=args.init,
-                       log=log, meta={"dataset": str(args.dataset), "command": command},
+                       log=log, meta={"dataset": args.dataset[0] if len(args.dataset) == 1 else list(args.dataset),
+                                            "command": command},
                        tasks=[t for t in (args.tasks or "").split(",") if t] or None,
                        task_weights=args.task_weights)
     finally:

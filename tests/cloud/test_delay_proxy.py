@@ -215,3 +215,59 @@ def test_a_refused_target_closes_the_client_and_the_proxy_keeps_serving(caplog):
             server.shutdown()
             server.server_close()
         assert proxy.counts().connections == 1
+
+
+def test_handshake_charges_one_round_trip_per_new_connection(server):
+    rtt = 0.060
+    with DelayProxy(url_of(server), LinkShape(rtt_ms=rtt * 1e3, handshake=True)) as proxy:
+        firsts, laters = [], []
+        for _ in range(3):
+            conn = connection(proxy)
+            firsts.append(request(conn, "GET", "/")[0])  # a new connection: handshake + request
+            laters += [request(conn, "GET", "/")[0] for _ in range(3)]  # keep-alive: the request only
+            conn.close()
+    first, later = statistics.median(firsts), statistics.median(laters)
+    assert later >= 0.9 * rtt and first >= later + 0.9 * rtt, (firsts, laters)
+    assert first <= 2 * rtt + 0.5 * rtt + 0.03, firsts
+
+
+def test_jitter_spreads_round_trips_and_keeps_the_order(server):
+    jitter = 0.080
+    with DelayProxy(url_of(server), LinkShape(rtt_ms=0, jitter_ms=jitter * 1e3)) as proxy:
+        conn = connection(proxy)
+        request(conn, "GET", "/")
+        trips = [request(conn, "GET", "/")[0] for _ in range(16)]
+        body = os.urandom(600_000)  # ten chunks or more, each with its own delay: still in order
+        _, echoed = request(conn, "POST", "/", body)
+        conn.close()
+    assert echoed == body
+    # each small round trip adds two draws in [0, jitter]: mean jitter, spread well above a loopback's
+    assert 0.4 * jitter <= statistics.mean(trips) <= 1.6 * jitter + 0.02, trips
+    assert max(trips) - min(trips) >= 0.25 * jitter, trips
+    assert max(trips) <= 2 * jitter + 0.05, trips
+
+
+def test_lost_chunks_arrive_one_retransmission_late(server):
+    shape = LinkShape(rtt_ms=10, loss=0.5, seed=int.from_bytes(os.urandom(4), "little"))
+    with DelayProxy(url_of(server), shape) as proxy:
+        conn = connection(proxy)
+        trips = [request(conn, "GET", "/") for _ in range(12)]
+        body = os.urandom(300_000)
+        _, echoed = request(conn, "POST", "/", body)
+        conn.close()
+        counts = proxy.counts()
+    assert all(data == b"ok" for _, data in trips) and echoed == body
+    slow = sum(t >= shape.retransmit_s for t, _ in trips)
+    fast = sum(t < shape.retransmit_s * 0.9 for t, _ in trips)
+    assert slow + fast == len(trips), [t for t, _ in trips]  # one or the other, nothing half-late
+    # each slow request lost at least one chunk; at 50% of two chunks or more, most requests lose one
+    assert 3 <= slow <= counts.lost, (slow, counts)
+    assert max(t for t, _ in trips) <= 3 * shape.retransmit_s + 0.1
+
+
+@pytest.mark.parametrize("kwargs, bad", [({"jitter_ms": -1.0}, "-1.0"), ({"jitter_ms": float("nan")}, "nan"),
+                                         ({"loss": 1.0}, "1.0"), ({"loss": -0.1}, "-0.1"), ({"loss": "0.1"}, "'0.1'"),
+                                         ({"handshake": 1}, "1"), ({"seed": 1.5}, "1.5")])
+def test_bad_impairment_names_the_value(kwargs, bad):
+    with pytest.raises(ValueError, match=f"{next(iter(kwargs))} .*got {bad}"):
+        LinkShape(**kwargs)

@@ -1,15 +1,21 @@
-"""The cloud server killed mid-run in the routed closed loop (``edgefm-sim route-eval --exec ros --cloud-outage``):
+"""The cloud server failing mid-run in the routed closed loop (``edgefm-sim route-eval --exec ros --cloud-outage``):
 door-close episodes under dark cameras, which router_node sends to the cloud, through the real nodes and
-``edgefm-cloud serve`` on loopback. During episode 2 the server's whole process group is killed with SIGKILL; a
-second later it is started again on the same port and token. Requests fall back to the edge while it is down, the
-arm's queue never runs dry, every episode ends, and once the server answers again the circuit breakers (vla_node's
-client's, and router_node's, fed by the client's failed calls) let a trial call through and the episodes go back to
-the cloud."""
+``edgefm-cloud serve`` on loopback. During episode 2 the server's whole process group is
+
+- killed with SIGKILL (a crash); a second later it is started again on the same port and token;
+- or stopped with SIGSTOP (a hang: connections are accepted and never answered); 6 s later SIGCONT lets it go on.
+
+Requests fall back to the edge while it is down (at once on a refused connection, at the client's deadline on a
+hang), the arm's queue never runs dry, every episode ends, and once the server answers again the circuit breakers
+(vla_node's client's, and router_node's, fed by the client's failed calls) let a trial call through and the
+episodes go back to the cloud."""
 from __future__ import annotations
 
 import math
 import time
 from pathlib import Path
+
+import pytest
 
 from skips import require_material, require_module
 
@@ -19,7 +25,8 @@ ROUTER = REPO / "config" / "router_sim.yaml"
 # door-close seeds that the mixed set draws dark: both policies close the door in the dark, and the router sends
 # these episodes to the cloud by their exposure (tests/ros/test_routed_loop.py). About 3 s each on the wall clock
 DARK = (1005, 1007, 1012, 1017, 1036, 1037, 1044, 1049, 1061, 1064, 1108, 1133)
-KILL_DURING, OUTAGE_S = 2, 1.0
+KILL_DURING = 2
+OUTAGE_S = {"crash": 1.0, "hang": 6.0}  # a hang long enough for three calls to miss the deadline
 CLOUD_DEADLINE_S = 1.0  # vla_node's cloud_deadline_s in the routed run (tools/route_ros.routed_params)
 BREAKER_COOLDOWN_S = 5.0  # vla_node's cloud client: open this long before a trial call (cloud/breaker.py default)
 # router_node's own breaker (config/router_sim.yaml link.breaker_cooldown_s), opened by the client's failed calls:
@@ -27,8 +34,8 @@ BREAKER_COOLDOWN_S = 5.0  # vla_node's cloud client: open this long before a tri
 ROUTER_COOLDOWN_S = 10.0
 
 
-def test_cloud_killed_mid_run_falls_back_to_the_edge_and_routing_resumes_after_the_restart(ros, tmp_path,
-                                                                                           ros_domain_id):
+@pytest.mark.parametrize("kind", ["crash", "hang"])
+def test_cloud_failing_mid_run_falls_back_to_the_edge_and_routing_resumes(ros, tmp_path, ros_domain_id, kind):
     require_module("metaworld", "the simulator (metaworld, mujoco) is not installed")
     require_module("mlserver", "the cloud tier needs MLServer (scripts/setup.sh installs it)")
     for p in (EDGE, CLOUD, ROUTER):
@@ -41,7 +48,7 @@ def test_cloud_killed_mid_run_falls_back_to_the_edge_and_routing_resumes_after_t
                           conditions="mixed", phrasings="varied", placements=("router",))
     t0 = time.monotonic()
     rep = run_route_ros(cfg, out_dir=tmp_path / "run", domain_id=ros_domain_id, progress=print,
-                        fault=CloudOutage(KILL_DURING, OUTAGE_S))
+                        fault=CloudOutage(KILL_DURING, OUTAGE_S[kind], kind=kind))
     took = time.monotonic() - t0
     f = rep["fault"]
     print(format_outage(f))
@@ -59,13 +66,16 @@ def test_cloud_killed_mid_run_falls_back_to_the_edge_and_routing_resumes_after_t
 
     # before the kill the dark episodes went to the cloud
     assert f["chunks"]["before"]["cloud"] >= 1, f["chunks"]
-    # the crash was seen as such: calls failed on the connection and opened vla_node's breaker
+    # the fault was seen as what it was and opened vla_node's breaker: a crash fails calls on the connection, a
+    # hang only at the client's deadline
     client = f["cloud_client"]
-    assert int(client.get("fail_connection", 0)) >= 1 and int(client.get("breaker_opened", 0)) >= 1, client
+    seen = "fail_connection" if kind == "crash" else "fail_deadline"
+    assert int(client.get(seen, 0)) >= 1 and int(client.get("breaker_opened", 0)) >= 1, client
+    assert f["kind"] == kind
 
     # while it was down, chunks kept coming from the edge: each request that was meant for the cloud fell back
-    # (a refused connection or an open breaker fails at once, within the deadline), and every chunk arrived
-    # within the queue's slack, so the arm never ran out of actions
+    # (a refused connection or an open breaker fails at once, a hung server at the deadline), and every chunk
+    # arrived within the queue's slack, so the arm never ran out of actions
     during = f["chunks"]["during"]
     assert during["edge-fallback"] + during["edge"] >= 2, during
     assert during["longest_request_s"] < min(f["slack_s"], CLOUD_DEADLINE_S + 1.0), (during, f["slack_s"])

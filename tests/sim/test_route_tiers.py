@@ -229,3 +229,20 @@ def test_summaries_oracle_and_pgr():
     assert pgr(0.75, 0.5, 1.0) == pytest.approx(0.5) and pgr(0.5, 0.5, 0.5) is None
     with pytest.raises(ValueError, match="oracle"):
         oracle(edge, cloud[:1])
+
+
+def test_cloud_fault_and_link_impairments_are_parsed_or_refused_by_name(capsys):
+    from edgefm_ros.tools.cloud_outage import CloudOutage
+    from edgefm_ros.tools.sim_cli import main as sim_main
+
+    assert CloudOutage.parse("2,8") == CloudOutage(2, 8.0, kind="crash")
+    assert CloudOutage.parse("3,6,hang") == CloudOutage(3, 6.0, kind="hang")
+    for bad, named in (("2,8,freeze", "freeze"), ("0,8", "0,8"), ("2", "'2'"), ("2,-1,hang", "-1")):
+        with pytest.raises(ValueError, match=named):
+            CloudOutage.parse(bad)
+    # the proxy's impairments shape real connections: the simulated clock refuses them, naming them
+    for flags, named in ((["--jitter-ms", "20"], "--jitter-ms 20.0"), (["--loss", "0.01"], "--loss 0.01"),
+                         (["--handshake"], "--handshake")):
+        assert sim_main(["route-eval", "--seeds", "1000", "--tasks", "reach", *flags]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "--exec ros" in err, err
