@@ -161,6 +161,11 @@ class SimEnv:
         world = self._worlds.get(spec.name)
         if world is None:
             world = self._worlds[spec.name] = _TaskWorld(spec, self.config.image_hw)
+            # exit handlers run last-registered first, and MuJoCo registers EGL's eglTerminate when it makes the
+            # process's first GL context (just now, for the first world): registered again, close() runs
+            # before it, while the renderers can still be freed
+            atexit.unregister(self.close)
+            atexit.register(self.close)
         from gymnasium.utils import seeding
 
         env = world.env
