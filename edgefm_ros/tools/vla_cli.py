@@ -8,7 +8,7 @@
   edgefm-vla make-checkpoint --out DIR [--arch tiny|small|compact128|full] [--seed N] [--cameras N]
                      [--chunk-size N]
   edgefm-vla tune    --checkpoint DIR [--vlm DIR] [--budget-s S] [--dry-run] [--out F.yaml]
-  edgefm-vla train   --dataset DIR --out CKPT [--arch tiny|small | --init CKPT] [--tasks T1,T2] [--steps N]
+  edgefm-vla train   --dataset DIR [--dataset DIR2 ...] --out CKPT [--arch ARCH | --init CKPT] [--tasks T1,T2] [--steps N]
                      [--batch-size B] [--lr LR] [--seed N] [--threads N] [--chunk-size N] [--n-action-steps N]
                      [--log FILE]
 
