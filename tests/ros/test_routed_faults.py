@@ -80,11 +80,14 @@ def test_cloud_failing_mid_run_falls_back_to_the_edge_and_routing_resumes(ros, t
     assert during["edge-fallback"] + during["edge"] >= 2, during
     assert during["longest_request_s"] < min(f["slack_s"], CLOUD_DEADLINE_S + 1.0), (during, f["slack_s"])
     # the arm holds only when its queue runs dry: after each episode's first chunk it never waited more than a
-    # few control ticks (0 on an idle machine), far below the slack; its wait for an episode's first chunk
-    # (warm-up, no queue yet) stayed below the slack as well, outage or not
+    # few control ticks (0 on an idle machine), far below the slack
     assert 0.5 < f["slack_s"], f["slack_s"]
     assert f["longest_hold_s"] <= 0.5, [(e["seed"], e["longest_hold_s"]) for e in f["episodes"]]
-    assert max(e["first_chunk_s"] for e in f["episodes"]) < f["slack_s"], f["episodes"]
+    # an episode's first request that meets a hung server waits for the deadline before the edge answers: there
+    # the wait is the deadline plus the edge's own first chunk (itself within the slack, as in the crash)
+    first_bound = f["slack_s"] if kind == "crash" else CLOUD_DEADLINE_S + f["slack_s"]
+    assert max(e["first_chunk_s"] for e in f["episodes"]) < first_bound, \
+        [(e["seed"], e["phase"], e["first_chunk_s"]) for e in f["episodes"]]
 
     # after the restart: the breaker's trial call found the server and closed it; the cloud serves again
     assert client.get("breaker") == "closed", client
