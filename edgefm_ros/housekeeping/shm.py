@@ -92,12 +92,14 @@ def lock_held(path: str | Path) -> bool:
         os.close(fd)  # closing releases the probe's lock
 
 
-def mapped_names(shm_dir: str | Path = SHM_DIR) -> set[str]:
-    """Names of the files in ``shm_dir`` that some live process maps (from every readable /proc/<pid>/maps)."""
+def mapped_names(shm_dir: str | Path = SHM_DIR, exclude_pids=()) -> set[str]:
+    """Names of the files in ``shm_dir`` that some live process maps (from every readable /proc/<pid>/maps),
+    not counting ``exclude_pids``."""
     prefix = str(Path(shm_dir)) + "/"
     out: set[str] = set()
+    skip = {str(p) for p in exclude_pids}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+        if not pid.isdigit() or pid in skip:
             continue
         try:
             with open(f"/proc/{pid}/maps") as f:
@@ -181,9 +183,11 @@ def remove_owned(pid: int, shm_dir: str | Path = SHM_DIR, names: Sequence[str] |
     return out
 
 
-def stale(shm_dir: str | Path = SHM_DIR) -> list[str]:
+def stale(shm_dir: str | Path = SHM_DIR, exclude_pids=()) -> list[str]:
     """Fast DDS files no live process uses: a segment or port whose lock file nobody holds (with the lock
-    file and, for a port, its semaphore), and a port without a lock file that no process maps."""
+    file and, for a port, its semaphore), and a port without a lock file that no process maps.
+    ``exclude_pids``: processes whose mappings do not count (the caller itself, once its participant is gone
+    and it is about to exit: a port it wrote to while leaving stays mapped by it until it ends)."""
     d = Path(shm_dir)
     names = {p.name for p in _entries(d)}
     out: list[str] = []
@@ -198,7 +202,7 @@ def stale(shm_dir: str | Path = SHM_DIR) -> list[str]:
         else:
             if SEGMENT.match(name):
                 continue  # a participant creates its lock file first: a segment without one is being made
-            mapped = mapped_names(d) if mapped is None else mapped
+            mapped = mapped_names(d, exclude_pids) if mapped is None else mapped
             if name in mapped:
                 continue
         out += [name, *locks]
@@ -212,9 +216,11 @@ def stale(shm_dir: str | Path = SHM_DIR) -> list[str]:
     return out
 
 
-def clean(shm_dir: str | Path = SHM_DIR, use_tool: bool = True, dry_run: bool = False) -> CleanResult:
-    """Remove Fast DDS files no live process uses (see the module's docstring); never raises for a file
-    that vanished or could not be removed (another cleaner, another user's file)."""
+def clean(shm_dir: str | Path = SHM_DIR, use_tool: bool = True, dry_run: bool = False,
+          exclude_pids=()) -> CleanResult:
+    """Remove Fast DDS files no live process uses (see the module's docstring; ``exclude_pids`` as in
+    ``stale``); never raises for a file that vanished or could not be removed (another cleaner, another
+    user's file)."""
     d = Path(shm_dir)
     before = _sizes(d)
     result = CleanResult()
@@ -226,7 +232,7 @@ def clean(shm_dir: str | Path = SHM_DIR, use_tool: bool = True, dry_run: bool = 
             result.fastdds_tool = True
         except (OSError, subprocess.TimeoutExpired):
             pass
-    for name in stale(d):
+    for name in stale(d, exclude_pids):
         if dry_run:
             result.removed.append(name)
             continue

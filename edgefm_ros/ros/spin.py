@@ -151,9 +151,11 @@ def finish(request: ShutdownRequest, logger) -> None:
 def clean_after_launcher(logger) -> None:
     """The launcher died first (``ros2 launch`` ends at once on SIGTERM, by design, and SIGKILL ends anything):
     its own DDS participant's shared-memory files, which its exit left, are removed by the nodes it started,
-    as they go; a file some live process uses is never touched (edgefm_ros.housekeeping.shm)."""
+    as they go; a file some live process uses is never touched (edgefm_ros.housekeeping.shm). This process's
+    own mappings do not count: its participant is gone, and a port it wrote to while leaving (a peer's, whose
+    owner had already removed it, re-created by the write) stays mapped by it until it exits."""
     try:
-        r = shm.clean()
+        r = shm.clean(exclude_pids=(os.getpid(),))
     except OSError as e:
         logger.warning(f"shared-memory clean-up after the launcher's exit failed: {e}")
         return

@@ -50,6 +50,11 @@ def test_clean_removes_only_what_no_process_uses(tmp_path):
     m = mmap.mmap(f.fileno(), 0)
     try:
         assert sorted(shm.stale(tmp_path)) == sorted(shm.clean(tmp_path, dry_run=True).removed)
+        # a process leaving (its participant gone) does not count its own mappings: the mapped port is stale
+        # to it, and to nobody else
+        assert set(shm.stale(tmp_path, exclude_pids=(os.getpid(),))) == \
+            set(shm.stale(tmp_path)) | {port_mapped, f"sem.{port_mapped}_mutex"}
+        assert port_mapped not in shm.stale(tmp_path, exclude_pids=(os.getppid(),))
         assert shm.mapped_by([os.getpid()], tmp_path) == {port_mapped}
         assert shm.size_mb([port_mapped], tmp_path) == pytest.approx(4096 / 1e6)
         before = shm.usage(tmp_path)
