@@ -17,7 +17,7 @@ import sys
 import threading
 
 from edgefm_ros.cloud.client.base import TOKEN_ENV, read_token
-from edgefm_ros.cloud.delay_proxy import DelayProxy, LinkShape
+from edgefm_ros.cloud.delay_proxy import DelayProxy, LinkShape, add_impairment_args
 from edgefm_ros.cloud.server.settings import ServeConfig
 from edgefm_ros.cloud.tasks import TASKS
 from edgefm_ros.housekeeping.cli import cli_main
@@ -69,12 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--target", required=True, help="the server: http(s)://HOST:PORT or HOST:PORT")
     d.add_argument("--rtt-ms", type=float, default=0.0, help="round trip added, half each way (default 0)")
     d.add_argument("--rate-mbps", type=float, default=None, help="each direction's rate (default: not paced)")
-    d.add_argument("--jitter-ms", type=float, default=0.0, help="extra one-way delay per chunk, uniform in "
-                   "[0, JITTER] (default 0); delivery stays in order")
-    d.add_argument("--loss", type=float, default=0.0, help="probability that a chunk is lost and arrives one "
-                   "retransmission timeout (200 ms + RTT) late (default 0)")
-    d.add_argument("--handshake", action="store_true", help="a new connection's first bytes wait one more RTT "
-                   "(TCP's handshake)")
+    add_impairment_args(d)
     d.add_argument("--seed", type=int, default=None, help="seed of the jitter and loss draws (default: random)")
     d.add_argument("--port", type=int, default=0, help="port to listen on (default 0: a free one)")
     return p

@@ -125,6 +125,17 @@ class ByteCounts:
     lost: int = 0  # chunks held back one retransmission timeout (LinkShape.loss)
 
 
+def add_impairment_args(parser, prefix: str = "") -> None:
+    """``--jitter-ms``, ``--loss`` and ``--handshake`` (LinkShape's impairments) on an argparse parser, their
+    help text after ``prefix`` (a CLI where only some runs have a proxy says which)."""
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help=f"{prefix}extra one-way delay per chunk, "
+                        "uniform in [0, JITTER], delivered in order (default 0)")
+    parser.add_argument("--loss", type=float, default=0.0, help=f"{prefix}probability that a chunk is lost and "
+                        "arrives one retransmission timeout (200 ms + RTT) late, as TCP recovers it (default 0)")
+    parser.add_argument("--handshake", action="store_true", help=f"{prefix}a new connection's first bytes wait "
+                        "one more RTT (TCP's handshake)")
+
+
 def split_target(target: str) -> tuple[str, str, int]:
     """``http(s)://host:port[/path]`` or ``host:port`` -> (scheme or '', host, port); ValueError naming it."""
     text = target if "://" in target else f"//{target}"

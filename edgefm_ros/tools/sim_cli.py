@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from edgefm_ros.cloud.delay_proxy import add_impairment_args
 from edgefm_ros.housekeeping.cli import cli_main
 from edgefm_ros.sim.conditions import CONDITION_SETS
 from edgefm_ros.sim.paths import default_checkpoint
@@ -244,12 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "episode EPISODE-1 ended, i.e. during episode EPISODE (0-based, >= 1), kill the cloud server "
                    "(crash, the default: SIGKILL to its process group, restarted on the same port SECONDS later) "
                    "or freeze it (hang: SIGSTOP, SIGCONT SECONDS later); the report's fault section")
-    r.add_argument("--jitter-ms", type=float, default=0.0, help="ros: the link's proxy adds up to this much "
-                   "one-way delay per chunk, in order (default 0)")
-    r.add_argument("--loss", type=float, default=0.0, help="ros: probability that the proxy holds a chunk one "
-                   "retransmission timeout (200 ms + RTT), as TCP recovers a lost segment (default 0)")
-    r.add_argument("--handshake", action="store_true", help="ros: a new connection pays one more RTT (TCP's "
-                   "handshake)")
+    add_impairment_args(r, prefix="ros, the link's proxy: ")
     r.add_argument("--delta-sweep", default=None, help="delta_min values of the router's curve (comma-separated)")
     r.add_argument("--json", default=None, help="write the report here")
     r.add_argument("--plot", default=None, help="write success against offload here (SVG)")
