@@ -87,9 +87,11 @@ def run_train(args) -> int:
                 parts.append(read_demos(Path(path)))
             except FileNotFoundError as e:
                 raise ValueError(f"--dataset: {e}") from None
+        n_parts = len(parts)
         demos = merge_demos(parts, names=args.dataset)
-        if len(parts) > 1:
-            log(f"train: {len(parts)} datasets as one: {len(np.unique(demos.episode_index))} episodes, "
+        del parts  # the merged copy holds the frames: the parts' would double the images in memory
+        if n_parts > 1:
+            log(f"train: {n_parts} datasets as one: {len(np.unique(demos.episode_index))} episodes, "
                 f"{len(demos.state)} frames, {len(demos.tasks)} task texts")
         result = train(demos, args.out, cfg, arch=None if args.init else (args.arch or "tiny"), init=args.init,
                        log=log, meta={"dataset": args.dataset[0] if len(args.dataset) == 1 else list(args.dataset),
