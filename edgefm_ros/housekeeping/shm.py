@@ -131,6 +131,34 @@ def mapped_by(pids, shm_dir: str | Path = SHM_DIR) -> set[str]:
     return out
 
 
+def mappers(names, shm_dir: str | Path = SHM_DIR, exclude_pids=()) -> dict[int, set[str]]:
+    """{pid: which of ``names`` (files in ``shm_dir``) it maps}, for every live process that maps any of them,
+    not counting ``exclude_pids``."""
+    prefix, want = str(Path(shm_dir)) + "/", set(names)
+    skip = {int(p) for p in exclude_pids}
+    out: dict[int, set[str]] = {}
+    if not want:
+        return out
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in skip:
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                hit = {line[line.find(prefix) + len(prefix):].rstrip("\n").removesuffix(" (deleted)")
+                       for line in f if prefix in line}
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if hit & want:
+            out[int(entry)] = hit & want
+    return out
+
+
+def unlocked_ports(shm_dir: str | Path = SHM_DIR) -> list[str]:
+    """Port segments in ``shm_dir`` without a lock file (no listener: only writers map them)."""
+    names = {p.name for p in _entries(Path(shm_dir))}
+    return sorted(n for n in names if PORT.match(n) and not any(n + s in names for s in LOCK_SUFFIXES))
+
+
 def size_mb(names, shm_dir: str | Path = SHM_DIR) -> float:
     """Memory the named files take (tmpfs blocks), MB."""
     total = 0

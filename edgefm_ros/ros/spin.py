@@ -36,6 +36,9 @@ FORCE_AFTER_S = 2.0
 # every thread's Python stack to stderr (the launch log) and exits with status 1, instead of waiting for `ros2
 # launch` to escalate to SIGKILL with nothing said.
 SHUTDOWN_WATCHDOG_S = 4.0
+# Leaving after the launcher, how long a node waits for a sibling with a lower pid to unmap the ports both wrote
+# to while leaving (clean_after_launcher): siblings stopped together end within a few hundred ms of each other.
+SIBLING_WAIT_S = 1.0
 
 
 class ShutdownRequest:
@@ -148,19 +151,43 @@ def finish(request: ShutdownRequest, logger) -> None:
         clean_after_launcher(logger)
 
 
-def clean_after_launcher(logger) -> None:
+def clean_after_launcher(logger, shm_dir=shm.SHM_DIR, wait_s: float | None = None) -> None:
     """The launcher died first (``ros2 launch`` ends at once on SIGTERM, by design, and SIGKILL ends anything):
     its own DDS participant's shared-memory files, which its exit left, are removed by the nodes it started,
     as they go; a file some live process uses is never touched (edgefm_ros.housekeeping.shm). This process's
     own mappings do not count: its participant is gone, and a port it wrote to while leaving (a peer's, whose
-    owner had already removed it, re-created by the write) stays mapped by it until it exits."""
+    owner had already removed it, re-created by the write) stays mapped by it until it exits.
+
+    Nodes stopped together write to the same departed peers' ports as they leave, and each such port is then
+    mapped by the others: each would leave it to the others, and the last to go would leave it behind. So a
+    sibling (same parent, once orphaned: the subreaper or init) with a lower pid that still maps such a port
+    is waited for, up to ``SIBLING_WAIT_S``, and the clean-up runs again: the highest pid is the last to clean."""
+    me = os.getpid()
     try:
-        r = shm.clean(exclude_pids=(os.getpid(),))
+        r = shm.clean(shm_dir, exclude_pids=(me,))
+        held = shm.mappers(shm.unlocked_ports(shm_dir), shm_dir, exclude_pids=(me,))
+        lower = sorted(p for p in held if p < me and _parent_of(p) == os.getppid())
+        if lower:
+            deadline = time.monotonic() + (SIBLING_WAIT_S if wait_s is None else wait_s)
+            ports = set().union(*(held[p] for p in lower))
+            while time.monotonic() < deadline and shm.mapped_by(lower, shm_dir) & ports:
+                time.sleep(0.02)
+            again = shm.clean(shm_dir, exclude_pids=(me,))
+            r.removed = sorted(set(r.removed) | set(again.removed))
+            r.removed_bytes += again.removed_bytes
     except OSError as e:
         logger.warning(f"shared-memory clean-up after the launcher's exit failed: {e}")
         return
     if r.removed:
         logger.info(f"launcher gone: {r.summary()}")
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def destroy_node(node) -> None:

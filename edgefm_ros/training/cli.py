@@ -36,6 +36,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-action-steps", type=int, default=None, help="actions executed per chunk (default: half)")
     p.add_argument("--augment", choices=AUGMENTATIONS, default=DEFAULTS.augment,
                    help="conditions: each sample under a random camera condition (blur, exposure, noise, JPEG)")
+    p.add_argument("--freeze-vision", action="store_true", default=None,
+                   help="train everything but the vision tower (LeRobot's freeze_vision_encoder; for an --init "
+                        "checkpoint whose vision tower is already trained)")
     p.add_argument("--log-every", type=int, default=DEFAULTS.log_every)
     p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
     p.add_argument("--log", default=None, help="also append the progress lines to this file")

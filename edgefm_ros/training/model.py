@@ -25,7 +25,8 @@ from edgefm_ros.runtime.checkpoint import IGNORED_KEYS, CheckpointError, Scoped
 from edgefm_ros.dispatch.table import OpResolver, Record, Table, builtin_tables, load_table
 from edgefm_ros.runtime.preprocess import ModelInputs
 
-VISION_POS_KEY = "model.vlm_with_expert.vlm.model.vision_model.embeddings.position_embedding.weight"
+VISION_PREFIX = "model.vlm_with_expert.vlm.model.vision_model."  # the vision tower's weights (not the connector)
+VISION_POS_KEY = VISION_PREFIX + "embeddings.position_embedding.weight"
 
 
 class ParamSource:
@@ -80,6 +81,15 @@ class TrainableSmolVLA(nn.Module):
             raise CheckpointError(f"unexpected weight(s) not used by the model: {unused[:10]}")
         self.register_buffer("pos_ids", vision_position_ids(vlm, vision_position_ids_convention), persistent=False)
         self.extra = {k: weights[k].detach().float().clone() for k in weights if k in IGNORED_KEYS}
+
+    def freeze(self, prefix: str) -> int:
+        """Stop training every weight whose checkpoint name starts with ``prefix``; how many tensors (> 0)."""
+        hit = [k for k in self.keys if k.startswith(prefix)]
+        if not hit:
+            raise ValueError(f"no weight starts with {prefix!r}")
+        for k in hit:
+            self.params[self.names[k]].requires_grad_(False)
+        return len(hit)
 
     def state_dict_lerobot(self) -> dict[str, torch.Tensor]:
         """{checkpoint name: tensor}, every weight (IGNORED_KEYS such as lm_head carried through)."""

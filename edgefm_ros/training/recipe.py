@@ -68,6 +68,7 @@ class TrainConfig:
     n_action_steps: int | None = None  # None: half the chunk
     vision_position_ids: str = "legacy"  # patch position-id convention the checkpoint records
     augment: str = "none"  # "conditions": each sample under a random camera condition (training/augment.py)
+    freeze_vision: bool = False  # keep the vision tower's weights as initialised (LeRobot's freeze_vision_encoder)
 
     def __post_init__(self) -> None:
         for k in ("steps", "batch_size", "threads", "log_every"):
@@ -97,6 +98,8 @@ class TrainConfig:
                 raise ValueError(f"n_action_steps must be a positive integer, got {self.n_action_steps!r}")
             if self.chunk_size is not None and self.n_action_steps > self.chunk_size:
                 raise ValueError(f"n_action_steps {self.n_action_steps} exceeds chunk_size {self.chunk_size}")
+        if not isinstance(self.freeze_vision, bool):
+            raise ValueError(f"freeze_vision must be a bool, got {self.freeze_vision!r}")
         if self.augment not in AUGMENTATIONS:
             raise ValueError(f"augment must be one of {AUGMENTATIONS}, got {self.augment!r}")
         if self.vision_position_ids not in VISION_POSITION_IDS:

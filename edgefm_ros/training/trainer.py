@@ -28,7 +28,7 @@ from . import export
 from .augment import make_augment
 from .data import ChunkBatcher, Demos
 from .flow import flow_loss, noisy_actions, sample_noise, sample_time
-from .model import TrainableSmolVLA
+from .model import VISION_PREFIX, TrainableSmolVLA
 from .recipe import ARCHS, TrainConfig, lr_factor
 
 CAMERA_PREFIX = "observation.images."
@@ -72,6 +72,7 @@ def _setup(demos: Demos, out: Path, cfg: TrainConfig, arch: str | None, init: st
         chunk = cfg.chunk_size or c.chunk_size
         config.update({"chunk_size": chunk, "n_action_steps": cfg.n_action_steps or min(config.get(
             "n_action_steps", chunk), chunk), "vlm_model_name": "vlm"})
+        config["freeze_vision_encoder"] = cfg.freeze_vision
         for key, hw in cams.items():
             config["input_features"][key]["shape"] = [3, *hw]
         export.write_config(out, config, ck.vlm_dir, export.stats_tensors(demos.stats))
@@ -89,6 +90,7 @@ def _setup(demos: Demos, out: Path, cfg: TrainConfig, arch: str | None, init: st
     out.mkdir(parents=True, exist_ok=True)
     vlm_dict = export.write_backbone(out / "vlm", a, list(demos.tasks))
     config = export.new_policy_config(a, cams, state_dim, action_dim, chunk, n_exec)
+    config["freeze_vision_encoder"] = cfg.freeze_vision
     export.write_config(out, config, out / "vlm", export.stats_tensors(demos.stats))
     weights = export.initial_weights(SmolVLAConfig.from_dict(config), VlmConfig.from_dict(vlm_dict), cfg.seed)
     return config, weights
@@ -124,6 +126,8 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
                            episode_weights={e: task_weights.get(names.get(e), 1.0) for e in episodes}
                            if task_weights else None)
     model = TrainableSmolVLA(pcfg, ck.vlm, weights, cfg.vision_position_ids)
+    if cfg.freeze_vision:
+        model.freeze(VISION_PREFIX)
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
@@ -132,7 +136,8 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     trained = sorted(set(names[e] for e in episodes if e in names)) or list(demos.tasks)
     log(f"train: {batcher.size} frames, {len(episodes)} episodes, {len(trained)} tasks; "
         f"{n_params / 1e6:.2f} M parameters; chunk {pcfg.chunk_size}, batch {cfg.batch_size}, {cfg.steps} steps, "
-        f"lr {cfg.lr:g} (warm-up {cfg.warmup_steps}), threads {cfg.threads}, seed {cfg.seed}, augment {cfg.augment}")
+        f"lr {cfg.lr:g} (warm-up {cfg.warmup_steps}), threads {cfg.threads}, seed {cfg.seed}, augment {cfg.augment}"
+        + (", vision tower frozen" if cfg.freeze_vision else ""))
     info = {"recipe": cfg.as_dict(), "arch": arch if init is None else None, "init": str(init) if init else None,
             "parameters": n_params, "frames": batcher.size, "episodes": len(episodes),
             # the tasks trained on (the sim's eval reads this): task names when the dataset has them, else texts

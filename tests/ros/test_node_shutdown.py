@@ -318,3 +318,65 @@ def test_a_shutdown_stuck_after_the_threads_stopped_dumps_the_stacks_and_exits_1
     assert proc.returncode == 1, (proc.returncode, out)
     assert SHUTDOWN_WATCHDOG_S <= took < SHUTDOWN_WATCHDOG_S + 10, took
     assert "destroying" in out and "Timeout" in out and "in destroy_node" in out, out
+
+
+_LEAVING_SIBLING = r"""
+import mmap, os, sys, time
+from pathlib import Path
+from edgefm_ros.ros import spin
+d, port, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+with open(d / port, "r+b") as f:
+    m = mmap.mmap(f.fileno(), 4096)  # a departed peer's port, written to while leaving
+(d / f"ready.{os.getpid()}").touch()
+while not go.exists():
+    time.sleep(0.005)
+class Log:
+    def info(self, s): print(s, flush=True)
+    def warning(self, s): print(s, flush=True)
+spin.clean_after_launcher(Log(), shm_dir=d, wait_s=float(sys.argv[4]))
+time.sleep(0.3)  # the rest of the exit, the port still mapped
+"""
+
+
+def _siblings_leave_together(tmp_path, n: int, wait_s: float, hold=None) -> tuple[list[str], float]:
+    port = "fastrtps_port4242"
+    (tmp_path / port).write_bytes(b"\0" * 4096)
+    (tmp_path / f"sem.{port}_mutex").write_bytes(b"\0" * 32)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _LEAVING_SIBLING, str(tmp_path), port, str(go), str(wait_s)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(n)]
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("ready.*"))) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    go.touch()  # every sibling cleans while the others still map the port
+    outs = [p.communicate(timeout=30)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return outs, time.monotonic() - t0
+
+
+def test_siblings_leaving_together_remove_the_ports_they_all_wrote_to(ros, tmp_path):
+    """Nodes orphaned together each map the departed peers' ports they wrote to while leaving: each clean-up
+    sees the others' mappings, so without an order the port outlives them all. The highest pid waits for
+    the lower ones to unmap it and removes it, with its semaphore."""
+    outs, took = _siblings_leave_together(tmp_path, 3, wait_s=5.0)
+    assert not (tmp_path / "fastrtps_port4242").exists() and not (tmp_path / "sem.fastrtps_port4242_mutex").exists(), outs
+    assert sum("removed" in o for o in outs) == 1, outs  # the last one, and only it
+    assert took < 3.0, took
+
+
+def test_a_leaving_node_does_not_wait_for_a_process_that_is_not_its_sibling(ros, tmp_path):
+    """A port some other process (not a sibling: here the test itself, a lower pid) maps is in use: kept,
+    and nobody waits for it."""
+    import mmap
+
+    port = tmp_path / "fastrtps_port4242"
+    port.write_bytes(b"\0" * 4096)
+    with open(port, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 4096)
+    try:
+        outs, took = _siblings_leave_together(tmp_path, 2, wait_s=5.0)
+        assert port.exists(), outs
+        assert took < 3.0, took  # the 5 s wait was never entered
+    finally:
+        m.close()

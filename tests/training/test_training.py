@@ -298,3 +298,22 @@ def test_fine_tune_from_init_checkpoint(trained, demos, tmp_path):
     assert meta["init"] == str(src) and meta["arch"] is None
     assert (tmp_path / "ft" / "vlm" / "tokenizer.json").read_bytes() == (src / "vlm" / "tokenizer.json").read_bytes()
     Engine.from_checkpoint(tmp_path / "ft", mode="exact")  # loads as is
+
+
+def test_freeze_vision_trains_all_but_the_vision_tower(trained, demos, tmp_path):
+    """--freeze-vision: the vision tower's weights come out exactly as they went in, every other trained weight
+    moves, and the written config says so (LeRobot's freeze_vision_encoder)."""
+    from edgefm_ros.training.model import VISION_PREFIX
+    src = trained[0].out
+    lines = []
+    cfg = TrainConfig(steps=3, batch_size=4, log_every=1, save_every=0, lr=1e-3, seed=5, freeze_vision=True)
+    train(demos, tmp_path / "fz", cfg, arch=None, init=src, log=lines.append)
+    start, tuned = load_all(src / "model.safetensors"), load_all(tmp_path / "fz" / "model.safetensors")
+    vision = [k for k in start if k.startswith(VISION_PREFIX)]
+    assert vision and all(torch.equal(start[k], tuned[k]) for k in vision)
+    moved = [k for k in start if not k.startswith(VISION_PREFIX) and not torch.equal(start[k], tuned[k])]
+    assert any("connector" in k for k in moved) and any("lm_expert" in k for k in moved), moved[:5]
+    assert json.loads((tmp_path / "fz" / "config.json").read_text())["freeze_vision_encoder"] is True
+    assert any("vision tower frozen" in s for s in lines)
+    with pytest.raises(ValueError, match="freeze_vision"):
+        TrainConfig(freeze_vision="yes")
