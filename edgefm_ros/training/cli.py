@@ -36,6 +36,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-action-steps", type=int, default=None, help="actions executed per chunk (default: half)")
     p.add_argument("--augment", choices=AUGMENTATIONS, default=DEFAULTS.augment,
                    help="conditions: each sample under a random camera condition (blur, exposure, noise, JPEG)")
+    p.add_argument("--start-frames", type=int, default=None,
+                   help="draw each episode's first N frames --start-weight times as often (default 0: off)")
+    p.add_argument("--start-weight", type=float, default=None,
+                   help="how much more often the --start-frames are drawn (default 1)")
     p.add_argument("--freeze-vision", action="store_true", default=None,
                    help="train everything but the vision tower (LeRobot's freeze_vision_encoder; for an --init "
                         "checkpoint whose vision tower is already trained)")

@@ -8,6 +8,8 @@ LeRobot's ``delta_timestamps`` query does (clamped index, ``action_is_pad``).
 """
 from __future__ import annotations
 
+import math
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,10 +58,12 @@ class ChunkBatcher:
     def __init__(self, demos: Demos, camera_keys: Sequence[str], chunk_size: int, max_action_dim: int,
                  preprocess: Preprocessor, episodes: Sequence[int] | None = None,
                  augment: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None,
-                 episode_weights: Mapping[int, float] | None = None):
+                 episode_weights: Mapping[int, float] | None = None, start_weight: tuple[int, float] = (0, 1.0)):
         """``episodes``: the episodes to sample frames from (default: all). ``augment``: applied to each
         batch's uint8 frames {key: [B, H, W, 3]} before preprocessing (training/augment.py).
-        ``episode_weights``: episode -> relative sampling weight of its frames (default 1 each)."""
+        ``episode_weights``: episode -> relative sampling weight of its frames (default 1 each).
+        ``start_weight`` (K, W): each episode's first K frames are drawn W times as often (times the
+        episode's weight): the frames where only the images tell where to go."""
         n = len(demos.state)
         self.keys = {}
         for k in camera_keys:  # a checkpoint names cameras "observation.images.<name>"; datasets may use either
@@ -88,10 +92,19 @@ class ChunkBatcher:
             raise ValueError(f"no frames to train on (episodes {list(episodes or [])[:10]})")
         self.size = len(self.frames)
         self.probs = None
-        if episode_weights:
-            w = np.array([float(episode_weights.get(int(e), 1.0)) for e in demos.episode_index[self.frames]])
+        k, ws = start_weight
+        if not (isinstance(k, int) and k >= 0 and math.isfinite(ws) and ws > 0):
+            raise ValueError(f"start_weight must be (frames >= 0, weight > 0), got {start_weight!r}")
+        if episode_weights or (k > 0 and ws != 1.0):
+            w = np.ones(len(self.frames))
+            if episode_weights:
+                w = np.array([float(episode_weights.get(int(e), 1.0)) for e in demos.episode_index[self.frames]])
             if not (np.isfinite(w).all() and (w >= 0).all() and w.sum() > 0):
                 raise ValueError(f"episode_weights must be finite, >= 0 and not all 0, got values {sorted(set(w))[:5]}")
+            if k > 0:
+                first = np.r_[0, np.flatnonzero(np.diff(demos.episode_index)) + 1]  # each episode's first frame
+                start = first[np.searchsorted(first, self.frames, side="right") - 1]
+                w = np.where(self.frames - start < k, w * ws, w)
             self.probs = torch.from_numpy(w / w.sum())
         s = preprocess.stats
         self.action_mean, self.action_std, self.eps = s.action_mean.numpy(), s.action_std.numpy(), s.eps

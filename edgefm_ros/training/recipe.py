@@ -68,6 +68,8 @@ class TrainConfig:
     n_action_steps: int | None = None  # None: half the chunk
     vision_position_ids: str = "legacy"  # patch position-id convention the checkpoint records
     augment: str = "none"  # "conditions": each sample under a random camera condition (training/augment.py)
+    start_frames: int = 0  # each episode's first start_frames frames are drawn start_weight times as often
+    start_weight: float = 1.0
     freeze_vision: bool = False  # keep the vision tower's weights as initialised (LeRobot's freeze_vision_encoder)
 
     def __post_init__(self) -> None:
@@ -98,6 +100,11 @@ class TrainConfig:
                 raise ValueError(f"n_action_steps must be a positive integer, got {self.n_action_steps!r}")
             if self.chunk_size is not None and self.n_action_steps > self.chunk_size:
                 raise ValueError(f"n_action_steps {self.n_action_steps} exceeds chunk_size {self.chunk_size}")
+        if not isinstance(self.start_frames, int) or self.start_frames < 0:
+            raise ValueError(f"start_frames must be an integer >= 0, got {self.start_frames!r}")
+        if not (isinstance(self.start_weight, (int, float)) and math.isfinite(self.start_weight)
+                and self.start_weight > 0):
+            raise ValueError(f"start_weight must be a finite number > 0, got {self.start_weight!r}")
         if not isinstance(self.freeze_vision, bool):
             raise ValueError(f"freeze_vision must be a bool, got {self.freeze_vision!r}")
         if self.augment not in AUGMENTATIONS:

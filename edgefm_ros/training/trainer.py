@@ -124,7 +124,7 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     batcher = ChunkBatcher(demos, pcfg.camera_keys, pcfg.chunk_size, pcfg.max_action_dim, pre, episodes,
                            augment=make_augment(cfg.augment, cfg.seed),
                            episode_weights={e: task_weights.get(names.get(e), 1.0) for e in episodes}
-                           if task_weights else None)
+                           if task_weights else None, start_weight=(cfg.start_frames, cfg.start_weight))
     model = TrainableSmolVLA(pcfg, ck.vlm, weights, cfg.vision_position_ids)
     if cfg.freeze_vision:
         model.freeze(VISION_PREFIX)
@@ -137,7 +137,8 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     log(f"train: {batcher.size} frames, {len(episodes)} episodes, {len(trained)} tasks; "
         f"{n_params / 1e6:.2f} M parameters; chunk {pcfg.chunk_size}, batch {cfg.batch_size}, {cfg.steps} steps, "
         f"lr {cfg.lr:g} (warm-up {cfg.warmup_steps}), threads {cfg.threads}, seed {cfg.seed}, augment {cfg.augment}"
-        + (", vision tower frozen" if cfg.freeze_vision else ""))
+        + (f", first {cfg.start_frames} frames x{cfg.start_weight:g}" if cfg.start_frames and cfg.start_weight != 1
+           else "") + (", vision tower frozen" if cfg.freeze_vision else ""))
     info = {"recipe": cfg.as_dict(), "arch": arch if init is None else None, "init": str(init) if init else None,
             "parameters": n_params, "frames": batcher.size, "episodes": len(episodes),
             # the tasks trained on (the sim's eval reads this): task names when the dataset has them, else texts

@@ -103,7 +103,8 @@ def test_lr_schedule_warmup_then_cosine():
     (dict(decay_lr=1.0, lr=1e-3), "decay_lr"), (dict(warmup_fraction=1.0), "warmup_fraction"),
     (dict(betas=(0.9, 1.5)), "betas"), (dict(grad_clip_norm=0.0), "grad_clip_norm"),
     (dict(chunk_size=8, n_action_steps=9), "n_action_steps"), (dict(vision_position_ids="new"), "vision_position_ids"),
-    (dict(save_every=-1), "save_every"),
+    (dict(save_every=-1), "save_every"), (dict(start_frames=-1), "start_frames"),
+    (dict(start_weight=0.0), "start_weight"), (dict(start_weight=float("inf")), "start_weight"),
 ])
 def test_train_config_rejects_bad_values(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -157,6 +158,29 @@ def test_task_weights_draw_a_task_more_often(trained, demos, tmp_path):
     assert json.loads((tmp_path / "w" / "edgefm_train.json").read_text())["task_weights"] == {"task1": 3.0}
     with pytest.raises(ValueError, match="pick"):
         train(demos, tmp_path / "x", TrainConfig(steps=1), arch="tiny", log=lambda s: None, task_weights={"pick": 2})
+
+
+def test_start_weight_draws_each_episodes_first_frames_more_often(trained, demos):
+    """(K, W): the first K frames of every episode (episodes contiguous, of any length) drawn W times as often,
+    on top of the episode's own weight; a bad pair is refused, naming it."""
+    ck = load_checkpoint(trained[0].out)
+    pre = Preprocessor(ck.config, ck.stats, Tokenizer(ck.tokenizer_path, ck.config.tokenizer_max_length))
+    args = (demos, ck.config.camera_keys, ck.config.chunk_size, ck.config.max_action_dim, pre)
+    k, w = int(np.random.default_rng().integers(1, 4)), float(np.random.default_rng().uniform(2, 6))
+    b = ChunkBatcher(*args, start_weight=(k, w))
+    ep = demos.episode_index[b.frames]
+    pos = np.array([i - np.flatnonzero(demos.episode_index == e)[0] for i, e in zip(b.frames, ep)])
+    p = b.probs.numpy()
+    assert np.allclose(p[pos < k] / p[pos >= k].mean(), w) and np.allclose(p[pos >= k], p[pos >= k][0])
+    names = demos.episode_task
+    both = ChunkBatcher(*args, episode_weights={e: (3.0 if t == "task1" else 1.0) for e, t in names.items()},
+                        start_weight=(k, w)).probs.numpy()
+    task1 = np.array([names[int(e)] == "task1" for e in ep])
+    assert np.isclose(both[task1 & (pos < k)][0] / both[~task1 & (pos >= k)][0], 3.0 * w)
+    assert ChunkBatcher(*args, start_weight=(k, 1.0)).probs is None  # W = 1: uniform, as without it
+    for bad in ((-1, 2.0), (2, 0.0), (2, float("nan"))):
+        with pytest.raises(ValueError, match="start_weight"):
+            ChunkBatcher(*args, start_weight=bad)
 
 
 def test_chunks_pad_at_episode_end(trained, demos):
