@@ -28,6 +28,7 @@ class CollectConfig:
     tail_s: float = 0.5  # recorded after success
     expert_speed: float = EXPERT_SPEED
     noise_m: float = 0.005  # xyz noise on the executed command, not on the recorded action (DART)
+    start_jitter_m: float = 0.0  # > 0: each episode starts with the hand moved within this of its reset position
     only_success: bool = True  # False: failed episodes are written too, flagged success=False
     phrasings: str = "varied"  # the episode's instruction: drawn from the training phrasings, or "canonical"
 
@@ -43,6 +44,8 @@ class CollectConfig:
             raise ValueError(f"seeds {self.first_seed}-{last} leave TRAIN_SEEDS {TRAIN_SEEDS}")
         if not (0 <= self.noise_m < 0.1):
             raise ValueError(f"CollectConfig.noise_m must be in [0, 0.1) m, got {self.noise_m!r}")
+        if not (0 <= self.start_jitter_m <= 0.2):
+            raise ValueError(f"CollectConfig.start_jitter_m must be in [0, 0.2] m, got {self.start_jitter_m!r}")
         if self.phrasings not in PHRASINGS:
             raise ValueError(f"CollectConfig.phrasings must be one of {PHRASINGS}, got {self.phrasings!r}")
         if not (0 <= self.tail_s < 10):
@@ -71,7 +74,8 @@ def collect(out: str | Path, cfg: CollectConfig, sim: SimConfig = SimConfig(),
                     actions.append(command)
 
                 success, _ = run_expert_episode(env, task, seed, tail_seconds=cfg.tail_s, on_frame=record,
-                                                speed=cfg.expert_speed, noise_m=cfg.noise_m)
+                                                speed=cfg.expert_speed, noise_m=cfg.noise_m,
+                                                start_jitter_m=cfg.start_jitter_m)
                 ok += success
                 done += 1
                 if success or not cfg.only_success:

@@ -55,10 +55,17 @@ class Expert:
         return np.concatenate([xyz, [np.clip(a[3], -1.0, 1.0)]]).astype(np.float32)
 
 
+START_MOVE_S = 0.4  # time given to the move to a jittered start (0.8 m/s: covers 0.2 m per axis twice over)
+
+
 def run_expert_episode(env: SimEnv, task: str, seed: int, max_seconds: float | None = None,
                        tail_seconds: float = 0.0, on_frame=None, speed: float = EXPERT_SPEED,
-                       noise_m: float = 0.0) -> tuple[bool, float]:
+                       noise_m: float = 0.0, start_jitter_m: float = 0.0) -> tuple[bool, float]:
     """Run the expert from reset until success (+ ``tail_seconds``) or the time limit.
+
+    ``start_jitter_m`` > 0: before the first frame, the hand is moved (unrecorded, ``START_MOVE_S``) to a start
+    drawn uniformly within that distance of its reset position per axis (seeded by ``seed``; never lower than
+    the reset height less half of it), so that where the hand is mid-episode does not tell where it is going.
 
     ``on_frame(state [4], command [4])`` is called before each command is applied (the moment an image and
     the state would be recorded). ``noise_m`` > 0: the arm is sent the command plus Gaussian xyz noise of this
@@ -66,9 +73,17 @@ def run_expert_episode(env: SimEnv, task: str, seed: int, max_seconds: float | N
     recovers from small deviations (DART). Returns (success, time_to_success_s or nan)."""
     if not (0.0 <= noise_m < 0.1):
         raise ValueError(f"noise_m must be in [0, 0.1) m, got {noise_m!r}")
+    if not (0.0 <= start_jitter_m <= 0.2):
+        raise ValueError(f"start_jitter_m must be in [0, 0.2] m, got {start_jitter_m!r}")
     expert = Expert(task, speed)
     rng = np.random.default_rng(seed)
     env.reset(task, seed)
+    if start_jitter_m > 0:
+        jitter_rng = np.random.default_rng([seed, 0x6A6974])  # its own stream: the DART noise stays the same
+        lo = np.array([-1.0, -1.0, -0.5]) * start_jitter_m
+        start = env.state()[:3] + jitter_rng.uniform(lo, start_jitter_m)
+        env.set_command(np.concatenate([start, [env.command()[3]]]))
+        env.advance(START_MOVE_S)
     dt = 1.0 / env.config.control_hz
     limit = max_seconds if max_seconds is not None else env.task.max_seconds
     t_success = float("nan")

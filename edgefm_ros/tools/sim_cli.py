@@ -43,6 +43,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     cfg = CollectConfig(tasks=tuple(parse_tasks(args.tasks)), episodes_per_task=args.episodes_per_task,
                         first_seed=args.first_seed, tail_s=args.tail_s, noise_m=args.noise_m,
+                        start_jitter_m=args.start_jitter_m,
                         only_success=not args.keep_failed, phrasings=args.phrasings)
     sim = SimConfig(image_hw=args.image_size, control_hz=args.control_hz)
     print(f"[collect] {len(cfg.tasks)} tasks x {cfg.episodes_per_task} episodes (train seeds "
@@ -191,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--control-hz", type=float, default=20.0, help="command rate = dataset fps")
     c.add_argument("--tail-s", type=float, default=0.5, help="seconds recorded after success")
     c.add_argument("--noise-m", type=float, default=0.005, help="xyz noise (m) on executed, not recorded, commands")
+    c.add_argument("--start-jitter-m", type=float, default=0.0,
+                   help="start each episode with the hand moved up to this far (m) from its reset position per axis")
     c.add_argument("--keep-failed", action="store_true", help="also write failed episodes (flagged success=false)")
     c.add_argument("--phrasings", choices=PHRASINGS, default="varied", help="instruction per episode: drawn "
                    "from the task's training phrasings by seed (varied), or the canonical one")

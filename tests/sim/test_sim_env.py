@@ -133,6 +133,34 @@ def test_expert_succeeds_through_position_control(env, task):
     assert all(0 < t < TASKS[task].max_seconds for t in times)
 
 
+def test_start_jitter_moves_the_first_frame_and_the_expert_still_succeeds(env):
+    """start_jitter_m: the first recorded state lies within the jitter of the reset position (never more than
+    half of it lower), differs per seed, is repeatable per seed; the layout is the seed's; the expert succeeds."""
+    j = 0.1
+
+    def first_state(task, seed, jitter):
+        states = []
+        ok, _ = run_expert_episode(env, task, seed, on_frame=lambda s, c: states.append(s), start_jitter_m=jitter)
+        return ok, states[0], layout(env)
+
+    env.reset("reach", 7)
+    home = env.state()[:3].copy()
+    ok0, s0, lay0 = first_state("reach", 7, 0.0)
+    assert ok0 and np.allclose(s0[:3], home, atol=2e-3)
+    starts = []
+    for seed in (7, 8, 9):
+        ok, s, lay = first_state("reach", seed, j)
+        assert ok, seed
+        d = s[:3] - home
+        assert np.all(np.abs(d) <= j + 0.01) and d[2] >= -j / 2 - 0.01, d
+        starts.append(s[:3])
+    assert np.linalg.norm(starts[0] - home) > 0.01 and np.linalg.norm(starts[0] - starts[1]) > 0.01
+    ok, again, lay = first_state("reach", 7, j)
+    assert np.allclose(again, np.r_[starts[0], again[3]]) and np.allclose(lay, lay0, atol=1e-3)
+    with pytest.raises(ValueError, match="start_jitter_m"):
+        run_expert_episode(env, "reach", 7, start_jitter_m=0.5)
+
+
 def test_doing_nothing_does_not_succeed(env):
     env.reset("button-press-topdown", 5)
     env.advance(2.0)
