@@ -95,21 +95,7 @@ def lock_held(path: str | Path) -> bool:
 def mapped_names(shm_dir: str | Path = SHM_DIR, exclude_pids=()) -> set[str]:
     """Names of the files in ``shm_dir`` that some live process maps (from every readable /proc/<pid>/maps),
     not counting ``exclude_pids``."""
-    prefix = str(Path(shm_dir)) + "/"
-    out: set[str] = set()
-    skip = {str(p) for p in exclude_pids}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or pid in skip:
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    i = line.find(prefix)
-                    if i >= 0:
-                        out.add(line[i + len(prefix):].rstrip("\n").removesuffix(" (deleted)"))
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-    return out
+    return set().union(*mappers(None, shm_dir, exclude_pids).values())
 
 
 def mapped_by(pids, shm_dir: str | Path = SHM_DIR) -> set[str]:
@@ -132,12 +118,12 @@ def mapped_by(pids, shm_dir: str | Path = SHM_DIR) -> set[str]:
 
 
 def mappers(names, shm_dir: str | Path = SHM_DIR, exclude_pids=()) -> dict[int, set[str]]:
-    """{pid: which of ``names`` (files in ``shm_dir``) it maps}, for every live process that maps any of them,
-    not counting ``exclude_pids``."""
-    prefix, want = str(Path(shm_dir)) + "/", set(names)
+    """{pid: which of ``names`` (files in ``shm_dir``; None: any) it maps}, for every live process that maps
+    any of them, not counting ``exclude_pids``."""
+    prefix, want = str(Path(shm_dir)) + "/", None if names is None else set(names)
     skip = {int(p) for p in exclude_pids}
     out: dict[int, set[str]] = {}
-    if not want:
+    if want is not None and not want:
         return out
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in skip:
@@ -148,8 +134,9 @@ def mappers(names, shm_dir: str | Path = SHM_DIR, exclude_pids=()) -> dict[int, 
                        for line in f if prefix in line}
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        if hit & want:
-            out[int(entry)] = hit & want
+        hit = hit if want is None else hit & want
+        if hit:
+            out[int(entry)] = hit
     return out
 
 
