@@ -102,19 +102,17 @@ def mapped_by(pids, shm_dir: str | Path = SHM_DIR) -> set[str]:
     """The Fast DDS files in ``shm_dir`` that any of ``pids`` maps: what a group of processes uses, whatever
     other programs on the machine do."""
     prefix = str(Path(shm_dir)) + "/"
-    out: set[str] = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    i = line.find(prefix)
-                    if i >= 0:
-                        name = line[i + len(prefix):].rstrip("\n").removesuffix(" (deleted)")
-                        if is_fastdds_file(name):
-                            out.add(name)
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-    return out
+    return {n for pid in pids for n in _maps_of(pid, prefix) if is_fastdds_file(n)}
+
+
+def _maps_of(pid, prefix: str) -> set[str]:
+    """Names of the files under ``prefix`` that process ``pid`` maps (empty when it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {line[line.find(prefix) + len(prefix):].rstrip("\n").removesuffix(" (deleted)")
+                    for line in f if prefix in line}
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return set()
 
 
 def mappers(names, shm_dir: str | Path = SHM_DIR, exclude_pids=()) -> dict[int, set[str]]:
@@ -128,12 +126,7 @@ def mappers(names, shm_dir: str | Path = SHM_DIR, exclude_pids=()) -> dict[int, 
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in skip:
             continue
-        try:
-            with open(f"/proc/{entry}/maps") as f:
-                hit = {line[line.find(prefix) + len(prefix):].rstrip("\n").removesuffix(" (deleted)")
-                       for line in f if prefix in line}
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
+        hit = _maps_of(entry, prefix)
         hit = hit if want is None else hit & want
         if hit:
             out[int(entry)] = hit
