@@ -142,10 +142,16 @@ def run_node(make: Callable[[], object], name: str, args=None, stop: Callable[[o
 def finish(request: ShutdownRequest, logger) -> None:
     """The end of a ROS process, once its nodes are destroyed: rclpy shut down and its context finalized (the
     DDS participant deleted now, not by the interpreter's finalization), further signals ignored, and, when the
-    launcher died first, the shared-memory files nobody uses removed (``clean_after_launcher``)."""
+    launcher died first, the shared-memory files nobody uses removed (``clean_after_launcher``), outside the
+    shutdown watchdog."""
     context = rclpy.get_default_context()
     rclpy.try_shutdown()
     context.destroy()
+    # the native teardown is over: the shutdown watchdog (run_node) covered it, and stops here. The clean-up
+    # below is Python with its own bound (SIBLING_WAIT_S); under the watchdog, its wait for siblings on a
+    # loaded 2-core machine ran past SHUTDOWN_WATCHDOG_S and ended the process with status 1 half-way
+    # through, leaving the launcher's files behind
+    faulthandler.cancel_dump_traceback_later()
     request.ignore_further()
     if request.parent_gone():
         clean_after_launcher(logger)

@@ -380,3 +380,35 @@ def test_a_leaving_node_does_not_wait_for_a_process_that_is_not_its_sibling(ros,
         assert took < 3.0, took  # the 5 s wait was never entered
     finally:
         m.close()
+
+
+_SLOW_CLEAN_AFTER_LAUNCHER = r"""
+import faulthandler, os, time
+import rclpy
+from rclpy.signals import SignalHandlerOptions
+from edgefm_ros.ros import spin
+
+def slow_clean(logger):
+    time.sleep(float(os.environ["HOLD_S"]))  # siblings waited for on a loaded machine
+    print("cleaned", flush=True)
+
+spin.clean_after_launcher = slow_clean
+request = spin.ShutdownRequest(rclpy.logging.get_logger("orphan"))
+request.parent_gone = lambda: True  # the launcher died first
+rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+faulthandler.dump_traceback_later(float(os.environ["WATCHDOG_S"]), exit=True)  # as run_node arms it
+spin.finish(request, rclpy.logging.get_logger("orphan"))
+spin.exit_now(0)
+"""
+
+
+def test_the_clean_up_after_the_launcher_runs_outside_the_shutdown_watchdog(ros, tmp_path, ros_domain_id):
+    """The shutdown watchdog bounds the native teardown; the clean-up an orphaned node runs after it (Python,
+    with its own bounded wait for siblings) is not cut short by it: a clean-up longer than the watchdog ends
+    with status 0 and the clean-up done, not status 1 half-way through."""
+    import os
+
+    env = {**os.environ, "ROS_DOMAIN_ID": str(ros_domain_id), "HOLD_S": "1.5", "WATCHDOG_S": "0.5"}
+    r = subprocess.run([sys.executable, "-c", _SLOW_CLEAN_AFTER_LAUNCHER], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 0 and "cleaned" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
