@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from edgefm_ros.runtime.engine import Engine
+from edgefm_ros.runtime.rtc_guidance import GUIDANCE_FORMS, RtcConfig
 from edgefm_ros.sim.async_loop import run_async_episode
 from edgefm_ros.sim.env import SimConfig, SimEnv
 from edgefm_ros.sim.rollout import checkpoint_settings, checkpoint_tasks
@@ -27,9 +28,9 @@ from edgefm_ros.sim.tasks import parse_seeds, parse_tasks
 
 
 def sweep(checkpoint: str, tasks, seeds, delays, aggregates, *, compute_ms: float, threshold: float,
-          image_hw, compare_restamp: bool, log=print) -> dict:
+          image_hw, compare_restamp: bool, guidance: str = "auto", log=print) -> dict:
     st = checkpoint_settings(checkpoint)
-    engine = Engine.from_checkpoint(checkpoint)
+    engine = Engine.from_checkpoint(checkpoint, rtc=RtcConfig(guidance=guidance))
     sim = SimConfig(image_hw=tuple(image_hw or st["image_hw"]), cameras=st["cameras"])
     rows = [(a, True) for a in aggregates] + ([("rtc", False)] if compare_restamp else [])
     out = {}
@@ -50,6 +51,7 @@ def sweep(checkpoint: str, tasks, seeds, delays, aggregates, *, compute_ms: floa
                     f"({time.perf_counter() - t0:.0f} s)")
     return {"checkpoint": checkpoint, "tasks": list(tasks), "seeds": list(seeds), "delays_ms": list(delays),
             "compute_ms": compute_ms, "chunk_size_threshold": threshold, "image_hw": list(sim.image_hw),
+            "rtc_guidance": engine.rtc.guidance,
             "successes": out}
 
 
@@ -79,6 +81,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-size-threshold", type=float, default=0.8)
     ap.add_argument("--image-size", default="128x128")
     ap.add_argument("--compare-restamp", action="store_true")
+    ap.add_argument("--rtc-guidance", choices=GUIDANCE_FORMS, default="auto",
+                    help="how rtc follows the executing prefix (default auto: prefix for a checkpoint trained "
+                         "with --rtc-prefix-max, else constant)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     tasks = parse_tasks(args.tasks) if args.tasks else checkpoint_tasks(args.checkpoint)
@@ -86,7 +91,7 @@ def main(argv=None) -> int:
     rep = sweep(args.checkpoint, tasks, parse_seeds(args.seeds), [float(d) for d in args.delays.split(",")],
                 [a for a in args.aggregates.split(",") if a], compute_ms=args.compute_ms,
                 threshold=args.chunk_size_threshold, image_hw=hw, compare_restamp=args.compare_restamp,
-                log=lambda m: print(m, flush=True))
+                guidance=args.rtc_guidance, log=lambda m: print(m, flush=True))
     rep["date"] = time.strftime("%Y-%m-%d")
     print(table(rep))
     if args.json:

@@ -97,8 +97,10 @@ class VlaNodeConfig(NodeConfig, node="vla_node"):
                                        range=(1, 1000))
     rtc_max_guidance_weight: float = param(10.0, "RTC: cap of the per-step guidance weight (beta).",
                                            range=(0.001, 1000.0))
-    rtc_guidance: str = param("constant", "RTC guidance form: constant (LeRobot: no backward pass) or vjp (the RTC "
-                              "paper's: a backward pass through the expert; needs mode reference).",
+    rtc_guidance: str = param("auto", "RTC guidance form: auto (prefix for a checkpoint trained with "
+                              "--rtc-prefix-max, else constant), constant (LeRobot: no backward pass), vjp (the RTC "
+                              "paper's: a backward pass through the expert; needs mode reference) or prefix (the "
+                              "delay's actions given, clean: training-time RTC).",
                               choices=GUIDANCE_FORMS)
     rtc_delay_percentile: float = param(90.0, "RTC delay estimate: this percentile of the recent observation-to-"
                                         "chunk latencies, in control ticks.", range=(1.0, 100.0))

@@ -232,6 +232,9 @@ def load_checkpoint(path: str | Path, vlm_dir: str | Path | None = None) -> Chec
 NUMERICS_FILE = "edgefm_numerics.json"  # our sidecar in the checkpoint directory
 NUMERICS_FORMAT = 1
 DEFAULT_VISION_POSITION_IDS = "fixed"  # SmolVLA's pretraining and LeRobot >= 0.5 (see README)
+# the longest action prefix a checkpoint was trained to be given (training-time RTC, `edgefm-vla train
+# --rtc-prefix-max`); RTC then conditions on the prefix instead of guiding toward it (runtime/rtc_guidance.py)
+RTC_PREFIX_KEY = "rtc_prefix_max"
 _CARD_VERSION = re.compile(r"\|\s*LeRobot version\s*\|\s*v?(\d+)\.(\d+)[^|]*\|")
 
 
@@ -262,6 +265,16 @@ def read_numerics(ckpt_dir: str | Path) -> dict | None:
         raise CheckpointError(f"{path}: vision_position_ids {d.get('vision_position_ids')!r} is not one of "
                               f"{VISION_POSITION_IDS}")
     return d
+
+
+def rtc_prefix_max(ckpt_dir: str | Path) -> int:
+    """The longest action prefix the checkpoint was trained to be given (RTC_PREFIX_KEY), 0 when none."""
+    numerics = read_numerics(ckpt_dir) or {}
+    n = numerics.get(RTC_PREFIX_KEY, 0)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise CheckpointError(f"{Path(ckpt_dir) / NUMERICS_FILE}: {RTC_PREFIX_KEY} must be an integer >= 0, "
+                              f"got {n!r}")
+    return n
 
 
 def convention_of_lerobot(major: int, minor: int) -> str:

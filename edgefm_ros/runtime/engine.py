@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -29,7 +29,7 @@ from edgefm_ros.models.config import VISION_POSITION_ID_CHOICES
 from edgefm_ros.models.smolvla import SmolVLA
 from edgefm_ros.types import ActionChunk, Observation
 
-from .checkpoint import Checkpoint, load_checkpoint, resolve_vision_position_ids
+from .checkpoint import Checkpoint, load_checkpoint, resolve_vision_position_ids, rtc_prefix_max
 from .cpu_graph import CaptureError, CpuGraph, GuardFailed
 from .graphs import CapturedPhase
 from .preprocess import InputError, ModelInputs, Preprocessor, Tokenizer, image_to_chw01
@@ -101,6 +101,14 @@ class Prefix:
     pad_mask: torch.Tensor  # bool [B, P]
 
 
+def resolved_rtc(rtc: RtcConfig, ckpt_dir) -> RtcConfig:
+    """``rtc`` with guidance "auto" made concrete for this checkpoint: "prefix" where it was trained to be given
+    its first actions (edgefm_numerics.json's rtc_prefix_max), else "constant" (LeRobot's)."""
+    if rtc.guidance != "auto":
+        return rtc
+    return replace(rtc, guidance="prefix" if rtc_prefix_max(ckpt_dir) else "constant")
+
+
 class Engine:
     def __init__(self, ckpt: Checkpoint, config: EngineConfig, hardware: Hardware, probe=None):
         """``probe``: a profile.OpProbe that times every resolved op (``edgefm-vla profile``), or None."""
@@ -143,7 +151,12 @@ class Engine:
         t = torch.tensor([1.0 + k * self.euler_dt for k in range(cfg.num_steps)], dtype=torch.float32, device=self.device)
         with torch.no_grad():
             self.time_terms = self.act["expert"](self.model.time_terms(t))  # [S, He]
-        self.rtc = config.rtc
+        self.rtc = resolved_rtc(config.rtc, ckpt.path)
+        if config.rtc.guidance == "auto":
+            log.info("RTC guidance: %s (%s)", self.rtc.guidance, "the checkpoint was trained to be given its first "
+                     "actions" if self.rtc.guidance == "prefix" else "no rtc_prefix_max recorded")
+        with torch.no_grad():  # the prefix form's given actions are clean: flow time 0
+            self.time_term_given = self.act["expert"](self.model.time_terms(torch.zeros(1, device=self.device)))
         self.euler_t = [1.0 + k * self.euler_dt for k in range(cfg.num_steps)]  # python floats, as LeRobot's loop
         self.rtc_step_weights = [guidance_weight(tk, self.rtc.max_guidance_weight) for tk in self.euler_t]  # [S]
         if self.rtc.guidance == "vjp":
@@ -223,6 +236,9 @@ class Engine:
                                   prefix.mask_self, prefix.mask_cross)
 
         replayed = self._velocity_replay(prefix, x) if rtc is None or self.rtc.guidance == "constant" else None
+        if rtc is not None and self.rtc.guidance == "prefix":
+            given = rtc.weights  # [B, C, 1]: 1 on the rows that execute while this chunk is computed
+            x = given * rtc.prev + (1 - given) * x  # clean from the start, and kept (their velocity is zeroed)
         for k in range(self.model_config.num_steps):
             v = None
             if replayed is not None:
@@ -236,6 +252,10 @@ class Engine:
             elif self.rtc.guidance == "constant":
                 v = guided_velocity(x, (velocity(x, k) if v is None else v).float(), self.euler_t[k],
                                     self.rtc_step_weights[k], rtc)
+            elif self.rtc.guidance == "prefix":  # per action: time 0 on the given rows, t_k on the others
+                tt = (given * self.time_term_given + (1 - given) * self.time_terms[k]).to(self.time_terms.dtype)
+                v = self._velocity(x, tt, prefix.contexts, prefix.rope_self, prefix.rope_cross, prefix.mask_self,
+                                   prefix.mask_cross).float() * (1 - given)
             else:
                 v = self._vjp_guided(x, k, velocity, rtc)
             x = x + self.euler_dt * v.float()
@@ -244,7 +264,7 @@ class Engine:
         return x
 
     def _velocity(self, x, time_term, contexts, rope_self, rope_cross, mask_self, mask_cross):
-        """One Euler step's velocity [B, C, A] at x [B, C, A] (fp32), time_term [He]."""
+        """One Euler step's velocity [B, C, A] at x [B, C, A] (fp32), time_term [He] (or [B, C, He]: per action)."""
         return self.model.velocity(self.act["expert"](x), time_term, contexts, rope_self, rope_cross, mask_self,
                                    mask_cross)
 

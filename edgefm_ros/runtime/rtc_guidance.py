@@ -13,6 +13,12 @@ Per Euler step k (t = 1 + k * dt runs from 1 to 0, tau = 1 - t), with v = v_t(x)
     x <- x + dt * v'
 A_prev and W always have the chunk's full shape (zero padded), so a captured decode graph replays for
 any delay and prefix length. Algorithm facts from LeRobot 0.4.4's RTCProcessor (policies/rtc/).
+
+A checkpoint trained to be given its first actions (`edgefm-vla train --rtc-prefix-max`, training-time RTC)
+takes the "prefix" form instead: W is 1 on the d = delay rows that execute while the chunk is computed and 0
+after them; every step sets those rows to A_prev, clean, with their flow time 0 (the time embedding is per
+action), and integrates the others as usual; no guidance weight, no backward pass. "auto", the default, is
+"prefix" for such a checkpoint (its edgefm_numerics.json records rtc_prefix_max) and "constant" otherwise.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ import numpy as np
 import torch
 
 SCHEDULES = ("ZEROS", "ONES", "LINEAR", "EXP")
-GUIDANCE_FORMS = ("constant", "vjp")
+GUIDANCE_FORMS = ("auto", "constant", "vjp", "prefix")
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,9 @@ class RtcConfig:
     schedule: str = "LINEAR"  # prefix weights over the chunk: ZEROS | ONES | LINEAR | EXP
     max_guidance_weight: float = 10.0  # beta, the cap of the per-step guidance weight
     execution_horizon: int = 10  # H: positions at and after H get weight 0
-    guidance: str = "constant"  # constant (g = e, no backward) | vjp (paper: g = J^T e)
+    # auto (prefix where the checkpoint was trained for it, else constant) | constant (g = e, no backward) |
+    # vjp (paper: g = J^T e) | prefix (the delay's rows given, clean: training-time RTC)
+    guidance: str = "auto"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -93,7 +101,8 @@ def guidance_weight(t: float, max_weight: float) -> float:
 def rtc_inputs(prev: torch.Tensor | np.ndarray, delay: int, config: RtcConfig, chunk: int, width: int) -> RtcInputs:
     """prev [n, a] or [B, n, a] normalised actions (n <= chunk, a <= width) -> padded RtcInputs.
 
-    As LeRobot does, the horizon is cut to the prefix's length n (beyond it there is nothing to follow)."""
+    As LeRobot does, the horizon is cut to the prefix's length n (beyond it there is nothing to follow). The
+    "prefix" form gives exactly the first min(delay, n) rows: W is 1 on them and 0 after."""
     p = torch.as_tensor(np.asarray(prev, dtype=np.float32) if not isinstance(prev, torch.Tensor) else prev).float()
     if p.ndim == 2:
         p = p[None]
@@ -109,7 +118,8 @@ def rtc_inputs(prev: torch.Tensor | np.ndarray, delay: int, config: RtcConfig, c
         raise ValueError(f"rtc delay must be an integer >= 0 (control ticks), got {delay!r}")
     padded = torch.zeros(b, chunk, width, dtype=torch.float32)
     padded[:, :n, :a] = p
-    w = prefix_weights(config.schedule, int(delay), min(config.execution_horizon, n), chunk)
+    w = (prefix_weights("ZEROS", int(delay), n, chunk) if config.guidance == "prefix"
+         else prefix_weights(config.schedule, int(delay), min(config.execution_horizon, n), chunk))
     return RtcInputs(padded, torch.from_numpy(w)[None, :, None].expand(b, chunk, 1).contiguous())
 
 

@@ -43,6 +43,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--freeze-vision", action="store_true", default=None,
                    help="train everything but the vision tower (LeRobot's freeze_vision_encoder; for an --init "
                         "checkpoint whose vision tower is already trained)")
+    p.add_argument("--rtc-prefix-max", type=int, default=None,
+                   help="training-time real-time chunking: each sample's first d ~ U{0..N} actions are given "
+                        "(clean, out of the loss), as the rows that execute while a chunk is computed; the "
+                        "checkpoint then runs RTC by conditioning on them (default 0: off)")
     p.add_argument("--log-every", type=int, default=DEFAULTS.log_every)
     p.add_argument("--save-every", type=int, default=DEFAULTS.save_every)
     p.add_argument("--log", default=None, help="also append the progress lines to this file")

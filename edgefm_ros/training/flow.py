@@ -30,9 +30,22 @@ def sample_noise(shape: tuple[int, ...], generator: torch.Generator) -> torch.Te
 
 
 def noisy_actions(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """actions, noise [B, C, A], t [B] -> (x_t, u_t) [B, C, A]."""
-    te = t[:, None, None]
+    """actions, noise [B, C, A], t [B] (one time per sample) or [B, C] (per action) -> (x_t, u_t) [B, C, A]."""
+    te = t[:, None, None] if t.ndim == 1 else t[..., None]
     return te * noise + (1 - te) * actions, noise - actions
+
+
+def sample_prefix(batch: int, max_rows: int, generator: torch.Generator) -> torch.Tensor:
+    """[batch] i64 uniform in {0..max_rows}: how many of each chunk's first actions are given (training-time
+    real-time chunking: the rows that execute while the next chunk is computed)."""
+    return torch.randint(0, max_rows + 1, (batch,), generator=generator)
+
+
+def prefix_time(t: torch.Tensor, given: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [B] flow times, given [B] prefix lengths -> (per-action times [B, C]: 0 on the given prefix, clean,
+    t after it; bool [B, C], True on the prefix, which the loss leaves out)."""
+    mask = torch.arange(chunk)[None, :] < given[:, None]
+    return torch.where(mask, torch.zeros((), dtype=t.dtype), t[:, None].expand(-1, chunk)), mask
 
 
 def flow_loss(v_t: torch.Tensor, u_t: torch.Tensor, is_pad: torch.Tensor, action_dim: int) -> torch.Tensor:

@@ -98,7 +98,8 @@ class TrainableSmolVLA(nn.Module):
         return out
 
     def velocity(self, inp: ModelInputs, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """LeRobot's training forward up to v_t. x_t [B, C, A] noisy actions, t [B] times -> v_t [B, C, A]."""
+        """LeRobot's training forward up to v_t. x_t [B, C, A] noisy actions, t [B] times (or [B, C], one per
+        action: training-time RTC) -> v_t [B, C, A]."""
         m, dev = self.model, x_t.device
         b, c = x_t.shape[:2]
         # the position-embedding gather reads the live parameter (the module's table is a build-time copy)
@@ -123,5 +124,5 @@ class TrainableSmolVLA(nn.Module):
         sfx = pos[:, p:]
         rope_self = e0.rope.tables(sfx, e0.head_dim)
         rope_cross = e0.rope.tables(sfx - sfx.min(dim=1, keepdim=True).values, e0.head_dim)  # from 0, as LeRobot
-        time_term = m.time_terms(t)[:, None, :]  # [B, 1, He]
+        time_term = m.time_terms(t.reshape(-1)).view(b, -1, m.expert_hidden)  # [B, 1 or C, He]
         return m.velocity(x_t, time_term, contexts, rope_self, rope_cross, mask[:, p:, :], mask[:, p:, :p])

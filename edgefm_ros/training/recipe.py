@@ -71,6 +71,9 @@ class TrainConfig:
     start_frames: int = 0  # each episode's first start_frames frames are drawn start_weight times as often
     start_weight: float = 1.0
     freeze_vision: bool = False  # keep the vision tower's weights as initialised (LeRobot's freeze_vision_encoder)
+    # training-time real-time chunking: each sample's first d ~ U{0..rtc_prefix_max} actions are given, clean
+    # (flow time 0) and out of the loss, so the model learns to continue a prefix that executes while it computes
+    rtc_prefix_max: int = 0
 
     def __post_init__(self) -> None:
         for k in ("steps", "batch_size", "threads", "log_every"):
@@ -105,6 +108,11 @@ class TrainConfig:
         if not (isinstance(self.start_weight, (int, float)) and math.isfinite(self.start_weight)
                 and self.start_weight > 0):
             raise ValueError(f"start_weight must be a finite number > 0, got {self.start_weight!r}")
+        if not isinstance(self.rtc_prefix_max, int) or isinstance(self.rtc_prefix_max, bool) \
+                or self.rtc_prefix_max < 0:
+            raise ValueError(f"rtc_prefix_max must be an integer >= 0, got {self.rtc_prefix_max!r}")
+        if self.chunk_size is not None and self.rtc_prefix_max >= self.chunk_size:
+            raise ValueError(f"rtc_prefix_max {self.rtc_prefix_max} must be below chunk_size {self.chunk_size}")
         if not isinstance(self.freeze_vision, bool):
             raise ValueError(f"freeze_vision must be a bool, got {self.freeze_vision!r}")
         if self.augment not in AUGMENTATIONS:

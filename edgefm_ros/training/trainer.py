@@ -20,14 +20,14 @@ import numpy as np
 import torch
 
 from edgefm_ros.models.config import SmolVLAConfig, VlmConfig
-from edgefm_ros.runtime.checkpoint import load_checkpoint, write_numerics
+from edgefm_ros.runtime.checkpoint import RTC_PREFIX_KEY, load_checkpoint, write_numerics
 from edgefm_ros.runtime.preprocess import Preprocessor, Tokenizer
 from edgefm_ros.runtime.safetensors_mmap import load_all
 
 from . import export
 from .augment import make_augment
 from .data import ChunkBatcher, Demos
-from .flow import flow_loss, noisy_actions, sample_noise, sample_time
+from .flow import flow_loss, noisy_actions, prefix_time, sample_noise, sample_prefix, sample_time
 from .model import VISION_PREFIX, TrainableSmolVLA
 from .recipe import ARCHS, TrainConfig, lr_factor
 
@@ -110,7 +110,9 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
     torch.set_num_threads(cfg.threads)
     config, weights = _setup(demos, out, cfg, arch, init)
     export.save_weights(out, weights, {"step": 0})  # loadable from the start
-    write_numerics(out, cfg.vision_position_ids, written_by="edgefm-vla train")  # what the Engine must build with
+    # what the Engine must build with: the vision position ids, and RTC by the given prefix where trained for it
+    write_numerics(out, cfg.vision_position_ids, written_by="edgefm-vla train",
+                   **({RTC_PREFIX_KEY: cfg.rtc_prefix_max} if cfg.rtc_prefix_max else {}))
     ck = load_checkpoint(out)  # what the Engine will read: config, backbone, stats
     pcfg = ck.config
     pre = Preprocessor(pcfg, ck.stats, Tokenizer(ck.tokenizer_path, pcfg.tokenizer_max_length))
@@ -138,7 +140,8 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
         f"{n_params / 1e6:.2f} M parameters; chunk {pcfg.chunk_size}, batch {cfg.batch_size}, {cfg.steps} steps, "
         f"lr {cfg.lr:g} (warm-up {cfg.warmup_steps}), threads {cfg.threads}, seed {cfg.seed}, augment {cfg.augment}"
         + (f", first {cfg.start_frames} frames x{cfg.start_weight:g}" if cfg.start_frames and cfg.start_weight != 1
-           else "") + (", vision tower frozen" if cfg.freeze_vision else ""))
+           else "") + (", vision tower frozen" if cfg.freeze_vision else "")
+        + (f", RTC prefix of 0-{cfg.rtc_prefix_max} actions given" if cfg.rtc_prefix_max else ""))
     info = {"recipe": cfg.as_dict(), "arch": arch if init is None else None, "init": str(init) if init else None,
             "parameters": n_params, "frames": batcher.size, "episodes": len(episodes),
             # the tasks trained on (the sim's eval reads this): task names when the dataset has them, else texts
@@ -158,8 +161,12 @@ def train(demos: Demos, out: str | Path, cfg: TrainConfig, arch: str | None = "t
         b = batcher.sample(cfg.batch_size, gen)
         noise = sample_noise(tuple(b.actions.shape), gen)
         t = sample_time(cfg.batch_size, gen)
+        is_pad = b.is_pad
+        if cfg.rtc_prefix_max:  # the given prefix: clean, at time 0, out of the loss
+            t, given = prefix_time(t, sample_prefix(cfg.batch_size, cfg.rtc_prefix_max, gen), b.actions.shape[1])
+            is_pad = is_pad | given
         x_t, u_t = noisy_actions(b.actions, noise, t)
-        loss = flow_loss(model.velocity(b.inputs, x_t, t), u_t, b.is_pad, pcfg.action_dim)
+        loss = flow_loss(model.velocity(b.inputs, x_t, t), u_t, is_pad, pcfg.action_dim)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()} at step {step}")
         opt.zero_grad(set_to_none=True)

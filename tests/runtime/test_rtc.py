@@ -261,3 +261,72 @@ def test_captured_guided_decode_replays_any_delay(tiny):
         want = e.decode(prefix, noise.cuda(), rtc=rtc)  # eager
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"seed {seed} n={n} d={d}: {m}")
     assert torch.equal(e.sample(inp, noise), e.decode_graph(prefix, noise.cuda()).clone())
+
+
+def ref_prefix_decode(engine, prefix, noise, prev, d):
+    """Training-time RTC's decode by its definition: the first d rows are prev, clean, at flow time 0 throughout;
+    the other rows integrate from the noise at the Euler steps' times. prev [B, C, A]."""
+    cfg, ex = engine.model_config, engine.act["expert"]
+    n, c = cfg.num_steps, cfg.chunk_size
+    x = noise.clone()
+    x[:, :d] = prev[:, :d]
+    for k in range(n):
+        t = torch.full((c,), 1.0 - k / n)
+        t[:d] = 0.0
+        tt = ex(engine.model.time_terms(t))  # [C, He]: one time per action
+        with torch.no_grad():
+            v = engine.model.velocity(ex(x), tt, prefix.contexts, prefix.rope_self, prefix.rope_cross,
+                                      prefix.mask_self, prefix.mask_cross).float()
+        x[:, d:] = x[:, d:] + (-1.0 / n) * v[:, d:]
+    return x
+
+
+@pytest.fixture(scope="module")
+def prefix_engine(exact_engine):
+    e = exact_engine
+    return Engine(e.ckpt, dataclasses.replace(e.config, rtc=RtcConfig(guidance="prefix")), e.hardware)
+
+
+def test_prefix_form_gives_the_delay_rows_and_matches_its_definition(setup, prefix_engine):
+    """guidance "prefix": the delay's rows come out as the previous chunk's exactly; the rest is the Euler loop
+    with per-action flow times (0 on the given rows), and conditioned on them."""
+    e, inp, prefix = setup
+    p = prefix_engine
+    cfg = p.model_config
+    seed = _seed()
+    g = torch.Generator().manual_seed(seed)
+    c, a = cfg.chunk_size, cfg.max_action_dim
+    for _ in range(3):
+        noise = torch.randn(1, c, a, generator=g)
+        n_prev = int(torch.randint(2, c + 1, (1,), generator=g))
+        delay = int(torch.randint(1, c + 2, (1,), generator=g))
+        d = min(delay, n_prev)
+        prev = torch.randn(n_prev, cfg.action_dim, generator=g)
+        inputs = rtc_inputs(prev, delay, p.rtc, c, a)
+        np.testing.assert_array_equal(inputs.weights[0, :, 0].numpy(), (np.arange(c) < d).astype(np.float32))
+        got = p.decode(prefix, noise, rtc=inputs)
+        assert torch.equal(got[0, :d, :cfg.action_dim], prev[:d]), f"seed {seed} n={n_prev} d={delay}"
+        want = ref_prefix_decode(p, prefix, noise, inputs.prev, d)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5,
+                                   msg=lambda m: f"seed {seed} n={n_prev} d={delay}: {m}")
+        if d < c:  # the rows after the prefix read it: another prefix, another continuation
+            other = p.decode(prefix, noise, rtc=rtc_inputs(prev + 1.0, delay, p.rtc, c, a))
+            assert float((other[0, d:] - got[0, d:]).abs().max()) > 1e-4, f"seed {seed} n={n_prev} d={delay}"
+    # delay 0: nothing given, the unconditioned chunk
+    noise = torch.randn(1, c, a, generator=g)
+    torch.testing.assert_close(p.decode(prefix, noise, rtc=rtc_inputs(torch.randn(c, cfg.action_dim), 0, p.rtc, c, a)),
+                               e.decode(prefix, noise), atol=1e-6, rtol=1e-6)
+
+
+def test_prefix_form_through_predict_in_raw_units(prefix_engine):
+    """predict(rtc_prefix=raw actions, rtc_delay=d) with the prefix form: the chunk's first d raw actions are
+    the prefix's (normalised and back)."""
+    p = prefix_engine
+    cfg = p.model_config
+    obs = p.synthetic_observation(5)
+    rng = np.random.default_rng(_seed())
+    prev = p.predict(obs, noise=rng.standard_normal((cfg.chunk_size, cfg.max_action_dim)).astype(np.float32))
+    d = int(rng.integers(1, cfg.chunk_size))
+    got = p.predict(obs, noise=rng.standard_normal((cfg.chunk_size, cfg.max_action_dim)).astype(np.float32),
+                    rtc_prefix=prev.actions, rtc_delay=d)
+    np.testing.assert_allclose(got.actions[:d], prev.actions[:d], atol=1e-5, rtol=1e-5, err_msg=f"d={d}")

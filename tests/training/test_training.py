@@ -19,7 +19,7 @@ from edgefm_ros.runtime.engine import Engine  # noqa: E402
 from edgefm_ros.runtime.preprocess import Preprocessor, Tokenizer  # noqa: E402
 from edgefm_ros.runtime.safetensors_mmap import load_all  # noqa: E402
 from edgefm_ros.training.data import ChunkBatcher, episode_ends  # noqa: E402
-from edgefm_ros.training.flow import flow_loss, noisy_actions, sample_time  # noqa: E402
+from edgefm_ros.training.flow import flow_loss, noisy_actions, prefix_time, sample_prefix, sample_time  # noqa: E402
 from edgefm_ros.training.model import TrainableSmolVLA  # noqa: E402
 from edgefm_ros.training.recipe import TrainConfig, lr_factor  # noqa: E402
 from edgefm_ros.training.trainer import train  # noqa: E402
@@ -341,3 +341,91 @@ def test_freeze_vision_trains_all_but_the_vision_tower(trained, demos, tmp_path)
     assert any("vision tower frozen" in s for s in lines)
     with pytest.raises(ValueError, match="freeze_vision"):
         TrainConfig(freeze_vision="yes")
+
+
+def test_rtc_prefix_times_give_the_prefix_clean():
+    """Training-time RTC: per-action times are 0 on each sample's given prefix (which the loss leaves out) and
+    the sample's t after it; on the prefix x_t is the demonstration's actions exactly."""
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    b, c, a = 16, 12, 5
+    t = sample_time(b, g)
+    given = sample_prefix(b, 7, g)
+    assert int(given.min()) >= 0 and int(given.max()) <= 7
+    tt, mask = prefix_time(t, given, c)
+    for i in range(b):
+        d = int(given[i])
+        assert mask[i].tolist() == [j < d for j in range(c)]
+        assert torch.equal(tt[i, :d], torch.zeros(d)) and torch.equal(tt[i, d:], t[i].expand(c - d))
+    actions, noise = torch.randn(b, c, a, generator=g), torch.randn(b, c, a, generator=g)
+    x, u = noisy_actions(actions, noise, tt)
+    assert torch.equal(x[mask], actions[mask])
+    x1, u1 = noisy_actions(actions, noise, t)  # one time per sample: the rows after the prefix agree
+    assert torch.equal(x[~mask], x1[~mask]) and torch.equal(u, u1)
+    # the given rows are out of the loss: any velocity there changes nothing
+    v = torch.randn(b, c, a, generator=g)
+    v2 = v.clone()
+    v2[mask] = 1e3
+    pad = torch.zeros(b, c, dtype=torch.bool)
+    assert flow_loss(v, u, pad | mask, a) == flow_loss(v2, u, pad | mask, a)
+
+
+def test_training_velocity_with_given_prefix_equals_engine_prefix_decode(trained, demos, tmp_path):
+    """The training forward with per-action times (0 on a given prefix) equals the Engine's "prefix" decode
+    velocity at every Euler step: what the model is trained on is what the runtime asks of it."""
+    import dataclasses
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from edgefm_ros.runtime.rtc_guidance import RtcConfig, rtc_inputs
+
+    ckdir = tmp_path / "ck"
+    shutil.copytree(trained[0].out, ckdir)
+    weights = _perturbed(load_all(ckdir / "model.safetensors"), seed=7)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(ckdir / "model.safetensors"))
+    base = Engine.from_checkpoint(ckdir, mode="exact")
+    engine = Engine(base.ckpt, dataclasses.replace(base.config, rtc=RtcConfig(guidance="prefix")), base.hardware)
+    cfg = engine.model_config
+    model = TrainableSmolVLA(cfg, engine.ckpt.vlm, weights, read_numerics(ckdir)["vision_position_ids"])
+    g = torch.Generator().manual_seed(1)
+    frames = {k: torch.rand(1, 3, 32, 32, generator=g) for k in cfg.camera_keys}
+    inp = engine.preprocess(frames, torch.randn(1, 4, generator=g), ["reach the red square"])
+    c, a = cfg.chunk_size, cfg.max_action_dim
+    d = int(torch.randint(1, c, (1,), generator=g))
+    rtc = rtc_inputs(torch.randn(c, cfg.action_dim, generator=g), d, engine.rtc, c, a)
+    noise = torch.randn(1, c, a, generator=g)
+    trace = []
+    engine.decode(engine.prefill(inp), noise, trace, rtc=rtc)
+    x = rtc.weights * rtc.prev + (1 - rtc.weights) * noise
+    with torch.no_grad():
+        for k, (v_engine, x_next) in enumerate(trace):
+            t, _ = prefix_time(torch.full((1,), 1.0 + k * engine.euler_dt), torch.tensor([d]), c)
+            v_train = model.velocity(inp, x, t)
+            torch.testing.assert_close(v_train[:, d:], v_engine[:, d:].float(), atol=2e-5, rtol=1e-4)
+            assert float(v_engine[:, :d].abs().max()) == 0.0  # the given rows stay
+            x = x_next
+
+
+def test_rtc_prefix_max_is_recorded_and_the_engine_runs_rtc_by_it(trained, demos, tmp_path):
+    """--rtc-prefix-max: written to edgefm_numerics.json; the Engine's default guidance ("auto") is then
+    "prefix", and "constant" for a checkpoint trained without it. Bad values are refused by name."""
+    from edgefm_ros.runtime.checkpoint import RTC_PREFIX_KEY, CheckpointError
+
+    src = trained[0].out
+    lines = []
+    cfg = TrainConfig(steps=2, batch_size=4, log_every=1, save_every=0, seed=2, rtc_prefix_max=5)
+    r = train(demos, tmp_path / "rp", cfg, arch=None, init=src, log=lines.append)
+    assert math.isfinite(r.final_loss)
+    assert read_numerics(tmp_path / "rp")[RTC_PREFIX_KEY] == 5
+    assert any("RTC prefix of 0-5 actions given" in s for s in lines)
+    assert Engine.from_checkpoint(tmp_path / "rp", mode="exact").rtc.guidance == "prefix"
+    assert Engine.from_checkpoint(src, mode="exact").rtc.guidance == "constant"
+    numerics = tmp_path / "rp" / "edgefm_numerics.json"
+    numerics.write_text(numerics.read_text().replace('"rtc_prefix_max": 5', '"rtc_prefix_max": -2'))
+    with pytest.raises(CheckpointError, match="rtc_prefix_max"):
+        Engine.from_checkpoint(tmp_path / "rp", mode="exact")
+    for bad in (-1, True, 2.5):
+        with pytest.raises(ValueError, match="rtc_prefix_max"):
+            TrainConfig(rtc_prefix_max=bad)
+    with pytest.raises(ValueError, match="rtc_prefix_max 8 must be below chunk_size 8"):
+        TrainConfig(rtc_prefix_max=8, chunk_size=8)
