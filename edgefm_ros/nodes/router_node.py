@@ -12,8 +12,8 @@ its /edgefm/probe, cloud/probe.py) on a background thread when the estimate is u
 stale, at most every ``probe_period_s``; a failed probe counts as a failed call (circuit breaker).
 
 Lifecycle (ros/lifecycle.py; autostart by default): configure loads the router YAML and subscribes; activate
-starts publishing decisions. ``delta_min``, ``guard_mbps`` and ``guard_hysteresis_mbps`` can be changed at
-runtime (``ros2 param set``); a bad value is refused with the reason; unset, they are the router YAML's.
+starts publishing decisions. ``delta_min``, ``guard_mbps``, ``guard_hysteresis_mbps`` and ``cloud_hysteresis`` can
+be changed at runtime (``ros2 param set``); a bad value is refused with the reason; unset, they are the router YAML's.
 Images are read as zero-copy numpy views of ``msg.data`` (no cv_bridge); a JPEG CompressedImage goes to the
 router as its bytes, so its encoder quality is read from the quantisation tables.
 """
@@ -80,9 +80,7 @@ class RouterNode(ManagedNode):
     def configure(self, c: RouterNodeConfig) -> None:
         path = c.config_path or default_config_path()
         self.router = Router.from_yaml(path)
-        pol = self.router.cfg.policy
-        yaml_thresholds = {"delta_min": pol.delta_min, "guard_mbps": pol.guard_mbps,
-                           "guard_hysteresis_mbps": pol.guard_hysteresis_mbps}
+        yaml_thresholds = self.router.thresholds
         thresholds = {n: yaml_thresholds[n] if v is None else v for n, v in c.thresholds.items()}
         self.router.set_thresholds(**thresholds)
         # the router YAML's values for the thresholds not given: `ros2 param get` shows what is applied
@@ -104,8 +102,8 @@ class RouterNode(ManagedNode):
             self.create_timer(min(0.25, c.probe_period_s), self._poll_probe)
         self.get_logger().info(
             f"routing {len(self.router.cfg.candidates)} candidates from {path}; cameras {list(c.camera_topics)}; "
-            f"delta_min {self.router.delta_min}, guard {self.router.guard.guard_mbps} Mbps "
-            f"(+{self.router.guard.hysteresis_mbps})")
+            f"delta_min {self.router.delta_min} (+{self.router.cloud_hysteresis} from the edge), guard "
+            f"{self.router.guard.guard_mbps} Mbps (+{self.router.guard.hysteresis_mbps})")
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         ret = super().on_activate(state)
@@ -131,9 +129,8 @@ class RouterNode(ManagedNode):
     def apply_parameters(self, changed: dict) -> None:
         if self.router is None:  # unconfigured: applied at configure
             return
-        new = {"delta_min": self.router.delta_min, "guard_mbps": self.router.guard.guard_mbps,
-               "guard_hysteresis_mbps": self.router.guard.hysteresis_mbps, **changed}
-        check_thresholds(new["delta_min"], new["guard_mbps"], new["guard_hysteresis_mbps"])
+        new = {**self.router.thresholds, **changed}
+        check_thresholds(**new)
         self.router.set_thresholds(**new)
         self.get_logger().info(f"thresholds now {new}")
 
@@ -223,8 +220,7 @@ class RouterNode(ManagedNode):
             "decisions": self._decisions, "decision_ms_last": float(ms[-1]), "decision_ms_mean": float(np.mean(ms)),
             "decision_ms_p95": float(np.percentile(ms, 95)), "target": d.target if d else "",
             "candidate": d.candidate if d else "", "reason": d.reason if d else "",
-            "delta_min": r.delta_min, "guard_mbps": r.guard.guard_mbps,
-            "guard_hysteresis_mbps": r.guard.hysteresis_mbps, "guard_active": r.guard.active,
+            **r.thresholds, "guard_active": r.guard.active,
             "breaker_open": link.breaker_open, "bandwidth_mbps": link.bandwidth_mbps,
             "rtt_s": link.rtt_s, "fresh_cameras": len(self._fresh_images(now)),
             "malformed_images": self._bad_images, "failed_decisions": self._failures,

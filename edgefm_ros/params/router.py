@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from edgefm_ros.params import topics
 from edgefm_ros.params.spec import NodeConfig, param
+from edgefm_ros.routing.config import THRESHOLDS
 
 
 class RouterNodeConfig(NodeConfig, node="router_node"):
@@ -45,6 +46,9 @@ class RouterNodeConfig(NodeConfig, node="router_node"):
                                      "the router YAML's.", range=(0.0, 10000.0), read_only=False)
     guard_hysteresis_mbps: float | None = param(None, "The guard releases above guard_mbps + this. Default: the "
                                                 "router YAML's.", range=(0.0, 10000.0), read_only=False)
+    cloud_hysteresis: float | None = param(None, "From the edge, the cloud must win by delta_min + this; once in "
+                                           "the cloud it stays while it wins by delta_min. Default: the router "
+                                           "YAML's.", range=(0.0, 1.0), read_only=False)
     autostart: bool = param(True, "Configure and activate on start (false: wait for a lifecycle manager).")
 
     def __post_init__(self) -> None:
@@ -71,5 +75,4 @@ class RouterNodeConfig(NodeConfig, node="router_node"):
     @property
     def thresholds(self) -> dict[str, float | None]:
         """The runtime thresholds as set (None: the router YAML's)."""
-        return {"delta_min": self.delta_min, "guard_mbps": self.guard_mbps,
-                "guard_hysteresis_mbps": self.guard_hysteresis_mbps}
+        return {n: getattr(self, n) for n in THRESHOLDS}

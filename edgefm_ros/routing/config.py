@@ -140,20 +140,29 @@ class PolicyConfig:
     delta_min: float = 0.03  # the cloud must beat the best edge candidate's quality by more than this
     guard_mbps: float = 15.0  # below this bandwidth estimate: edge only
     guard_hysteresis_mbps: float = 5.0  # ... until the estimate is back above guard + hysteresis
+    # from the edge, the cloud must win by delta_min + this; once there, it stays while it wins by delta_min
+    cloud_hysteresis: float = 0.0
     default_deadline_s: float = 1.0
     edge_only: str = ""  # the edge-only baseline's candidate; empty: the first edge candidate
     cloud_only: str = ""  # the cloud-only baseline's (and shadow reference) candidate; empty: first cloud
 
     def __post_init__(self) -> None:
-        check_thresholds(self.delta_min, self.guard_mbps, self.guard_hysteresis_mbps)
+        check_thresholds(self.delta_min, self.guard_mbps, self.guard_hysteresis_mbps, self.cloud_hysteresis)
         _finite("PolicyConfig", "default_deadline_s", self.default_deadline_s, 1e-3)
 
 
-def check_thresholds(delta_min: float, guard_mbps: float, guard_hysteresis_mbps: float) -> None:
-    """ValueError naming the bad value: delta_min in [-1, 1], guard and hysteresis in [0, 10000] Mbps."""
+# the policy's values that can change at runtime (Router.set_thresholds, router_node's parameters)
+THRESHOLDS = ("delta_min", "guard_mbps", "guard_hysteresis_mbps", "cloud_hysteresis")
+
+
+def check_thresholds(delta_min: float, guard_mbps: float, guard_hysteresis_mbps: float,
+                     cloud_hysteresis: float = 0.0) -> None:
+    """ValueError naming the bad value: delta_min in [-1, 1], guard and its hysteresis in [0, 10000] Mbps,
+    cloud_hysteresis in [0, 1]."""
     _finite("router", "delta_min", delta_min, -1.0, 1.0)
     _finite("router", "guard_mbps", guard_mbps, 0.0, 10000.0)
     _finite("router", "guard_hysteresis_mbps", guard_hysteresis_mbps, 0.0, 10000.0)
+    _finite("router", "cloud_hysteresis", cloud_hysteresis, 0.0, 1.0)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ Rules, in order (the first that applies names the ``reason``):
 5. ``no_link``: the cloud's cost cannot be predicted (no RTT yet): best edge candidate.
 6. ``deadline_edge``: a cloud candidate would be better by more than delta_min but misses the deadline.
 7. ``cloud_gain``: the best cloud candidate that meets the deadline beats the best edge candidate's
-   predicted quality by more than ``delta_min``.
+   predicted quality by more than ``delta_min``, plus ``cloud_hysteresis`` when the router's last decision
+   went to the edge (or there was none). Once in the cloud, it stays while the gain passes ``delta_min``, so a
+   gain that wavers around the threshold (a clean frame mid-motion) does not flip the placement every frame.
 8. ``edge_first``: otherwise.
 
 "Best" is the highest predicted quality among the candidates of a placement that are on that
@@ -29,7 +31,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from edgefm_ros.routing.config import RouterConfig, check_thresholds, load_router_config
+from edgefm_ros.routing.config import THRESHOLDS, RouterConfig, check_thresholds, load_router_config
 from edgefm_ros.routing.features import ImageInput, extract_features, feature_names
 from edgefm_ros.routing.link import LinkEstimator, LinkSnapshot
 from edgefm_ros.routing.pareto import best, placement_frontier
@@ -61,7 +63,8 @@ class BandwidthGuard:
 
 def choose(preds: Sequence[CandidatePrediction], *, delta_min: float, deadline_s: float, guard_active: bool,
            breaker_open: bool, allowed: np.ndarray | None = None) -> tuple[int, str]:
-    """(index of the chosen candidate, reason) by the rules of the module docstring."""
+    """(index of the chosen candidate, reason) by the rules of the module docstring; ``delta_min`` is the
+    gain the cloud must pass for this request (the caller adds the hysteresis)."""
     n = len(preds)
     allowed = np.ones(n, dtype=bool) if allowed is None else np.asarray(allowed, dtype=bool)
     if allowed.shape != (n,):
@@ -104,20 +107,30 @@ class Router:
         self.link = link if link is not None else LinkEstimator(cfg.link)
         self.history = LatencyHistory(cfg.cost)
         self.delta_min = cfg.policy.delta_min
+        self.cloud_hysteresis = cfg.policy.cloud_hysteresis
         self.guard = BandwidthGuard(cfg.policy.guard_mbps, cfg.policy.guard_hysteresis_mbps)
+        self.last_target = ""  # the last decision's placement ("": none yet, counts as the edge)
 
     @classmethod
     def from_yaml(cls, path: str | Path, link: LinkEstimator | None = None) -> "Router":
         return cls(load_router_config(path), link)
 
-    def set_thresholds(self, delta_min: float | None = None, guard_mbps: float | None = None,
-                       guard_hysteresis_mbps: float | None = None) -> None:
-        """Change thresholds at runtime; ValueError naming the bad value (nothing changes then)."""
-        d = self.delta_min if delta_min is None else delta_min
-        g = self.guard.guard_mbps if guard_mbps is None else guard_mbps
-        h = self.guard.hysteresis_mbps if guard_hysteresis_mbps is None else guard_hysteresis_mbps
-        check_thresholds(d, g, h)
-        self.delta_min, self.guard.guard_mbps, self.guard.hysteresis_mbps = float(d), float(g), float(h)
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """The values set_thresholds changes (config.THRESHOLDS), as they are now."""
+        return {"delta_min": self.delta_min, "guard_mbps": self.guard.guard_mbps,
+                "guard_hysteresis_mbps": self.guard.hysteresis_mbps, "cloud_hysteresis": self.cloud_hysteresis}
+
+    def set_thresholds(self, **changed: float | None) -> None:
+        """Change thresholds (config.THRESHOLDS) at runtime; None keeps a value; ValueError naming the bad
+        value or name (nothing changes then)."""
+        unknown = sorted(set(changed) - set(THRESHOLDS))
+        if unknown:
+            raise ValueError(f"unknown router thresholds {unknown}; known: {list(THRESHOLDS)}")
+        new = {**self.thresholds, **{k: v for k, v in changed.items() if v is not None}}
+        check_thresholds(**new)
+        self.delta_min, self.cloud_hysteresis = float(new["delta_min"]), float(new["cloud_hysteresis"])
+        self.guard.guard_mbps, self.guard.hysteresis_mbps = float(new["guard_mbps"]), float(new["guard_hysteresis_mbps"])
 
     def decide(self, images: Mapping[str, ImageInput], instruction: str, deadline_s: float | None = None,
                now: float | None = None, signals: Mapping[str, float] | None = None,
@@ -150,15 +163,17 @@ class Router:
         link = self.link.snapshot(now) if link is None else link
         guard = self.guard.update(link.bandwidth_mbps)
         preds = predict(self.cfg, features, n_cameras, upload_bytes or {}, link, self.history)
-        i, reason = choose(preds, delta_min=self.delta_min, deadline_s=deadline, guard_active=guard,
+        gain_needed = self.delta_min + (0.0 if self.last_target == "cloud" else self.cloud_hysteresis)
+        i, reason = choose(preds, delta_min=gain_needed, deadline_s=deadline, guard_active=guard,
                            breaker_open=link.breaker_open, allowed=allowed)
         c = self.cfg.candidates[i]
+        self.last_target = c.placement
         mask = np.ones(len(preds), dtype=bool) if allowed is None else np.asarray(allowed, dtype=bool)
         front = placement_frontier(preds, mask)
         params = {"jpeg_quality": c.jpeg_quality if c.placement == "cloud" else 0, "resolution": c.resolution,
                   "model": c.model, "precision": c.precision, "breaker_open": link.breaker_open,
                   "upload_bytes": int((upload_bytes or {}).get(c.name, 0)), "deadline_s": float(deadline),
-                  "delta_min": self.delta_min,
+                  "delta_min": self.delta_min, "gain_needed": gain_needed,
                   "frontier": tuple(p.name for p, f in zip(preds, front) if f),
                   "decision_s": time.perf_counter() - t0}
         return RouteDecision(target=c.placement, candidate=c.name, reason=reason, stamp=float(now),

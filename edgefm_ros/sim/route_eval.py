@@ -109,7 +109,8 @@ class RoutedEpisode:
         s = self.serving
         return {"task": self.task, "seed": self.seed, "condition": self.condition, "instruction": self.instruction,
                 "success": self.success, "chunks": len(s.placements),
-                "cloud_chunks": sum(p == "cloud" for p in s.placements), "upload_bytes": int(sum(s.upload_bytes)),
+                "cloud_chunks": sum(p == "cloud" for p in s.placements), "switches": switches(s.placements),
+                "upload_bytes": int(sum(s.upload_bytes)),
                 "reasons": sorted(set(r for r in s.reasons if r))}
 
 
@@ -196,6 +197,11 @@ def run_placement(setup: Setup, tier, cfg: RouteEvalConfig, name: str, log: Call
 # summaries
 
 
+def switches(placements: Sequence[str]) -> int:
+    """How often an episode's consecutive chunks changed placement (edge <-> cloud)."""
+    return sum(a != b for a, b in zip(placements, placements[1:]))
+
+
 def _rate(num: float, den: float) -> float | None:
     return None if den == 0 else float(num) / float(den)
 
@@ -222,7 +228,9 @@ def summarize(episodes: Sequence[RoutedEpisode]) -> dict:
             "upload_mb_per_episode": round(up / len(episodes), 5) if episodes else None,
             "chunk_latency_ms": {"p50": float(np.percentile(lat, 50)) if lat.size else None,
                                  "p95": float(np.percentile(lat, 95)) if lat.size else None},
-            "chunks": len(place), "by_condition": by("condition"), "by_task": by("task")}
+            "chunks": len(place),
+            "switches_per_episode": _rate(sum(switches(e.serving.placements) for e in episodes), len(episodes)),
+            "by_condition": by("condition"), "by_task": by("task")}
 
 
 def oracle(edge: Sequence[RoutedEpisode], cloud: Sequence[RoutedEpisode]) -> list[RoutedEpisode]:
@@ -262,7 +270,7 @@ def run_route_eval(cfg: RouteEvalConfig, log: Callable[[str], None] = print) -> 
                 run_placement(setup, router_tier, cfg, f"router delta_min={d:g}", log)
             s = summarize(eps)
             sweep.append({"delta_min": d, "success_rate": s["success_rate"], "offload_rate": s["offload_rate"],
-                          "upload_mb": s["upload_mb"]})
+                          "upload_mb": s["upload_mb"], "switches_per_episode": s["switches_per_episode"]})
         router_tier.router.set_thresholds(delta_min=setup.router_cfg.policy.delta_min)
     random_line = []
     offload = summarize(runs["router"])["offload_rate"] if "router" in runs else None
@@ -288,19 +296,21 @@ def run_route_eval(cfg: RouteEvalConfig, log: Callable[[str], None] = print) -> 
                      "chunk_size_threshold": cfg.threshold, "image_hw": list(setup.sim.image_hw),
                      "edge_compute_ms": round(setup.edge_ms, 2), "cloud_compute_ms": round(setup.cloud_ms, 2),
                      "cloud_delay_ms": cfg.cloud_delay_ms, "router_features_ms": round(setup.decision_ms, 3),
-                     "delta_min": setup.router_cfg.policy.delta_min, "delta_sweep": list(cfg.delta_sweep),
+                     "delta_min": setup.router_cfg.policy.delta_min,
+                     "cloud_hysteresis": setup.router_cfg.policy.cloud_hysteresis, "delta_sweep": list(cfg.delta_sweep),
                      "clock": "simulated: chunks arrive their tier's latency after the observation"},
     }
 
 
 def format_route_table(report: dict) -> str:
     rows = [f"{'placement':<9} {'success':>8} {'offload':>8} {'upload MB':>10} {'p50 ms':>8} {'p95 ms':>8} "
-            f"{'episodes':>8}"]
+            f"{'episodes':>8} {'switches':>8}"]
     for name, p in report["placements"].items():
         lat = p["chunk_latency_ms"]
         up = "-" if p["upload_mb"] is None else f"{p['upload_mb']:.2f}"
         rows.append(f"{name:<9} {_pct(p['success_rate']):>8} {_pct(p['offload_rate']):>8} {up:>10} "
-                    f"{_num(lat['p50']):>8} {_num(lat['p95']):>8} {p['episodes']:>8}")
+                    f"{_num(lat['p50']):>8} {_num(lat['p95']):>8} {p['episodes']:>8} "
+                    f"{_num2(p.get('switches_per_episode')):>8}")
     g = report.get("pgr")
     rows.append(f"PGR (router - edge) / (cloud - edge): {'n/a' if g is None else f'{g:.2f}'}")
     conds = sorted({c for p in report["placements"].values() for c in p["by_condition"]})
@@ -317,6 +327,10 @@ def _pct(v: float | None) -> str:
 
 def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
+
+
+def _num2(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -116,6 +116,11 @@ def test_param_get_set_changes_thresholds_and_refuses_bad_values_with_a_reason(g
     r = ros2("param", "set", "/router_node", "guard_mbps", "-3.0")
     said = r.stdout + r.stderr
     assert "Setting parameter failed" in said and "guard_mbps" in said and "-3.0" in said, said
+    assert "Set parameter successful" in _ok(ros2("param", "set", "/router_node", "cloud_hysteresis", "0.07"))
+    r = ros2("param", "set", "/router_node", "cloud_hysteresis", "1.5")
+    said = r.stdout + r.stderr
+    assert "Setting parameter failed" in said and "cloud_hysteresis" in said and "1.5" in said, said
+    assert "Double value is: 0.07" in _ok(ros2("param", "get", "/router_node", "cloud_hysteresis"))
     r = ros2("param", "set", "/router_node", "delta_min", "abc")
     assert "Setting parameter failed" in r.stdout + r.stderr and "Wrong parameter type" in r.stdout + r.stderr
     assert f"Double value is: {value}" in _ok(ros2("param", "get", "/router_node", "delta_min")), "changed anyway"

@@ -69,12 +69,42 @@ def test_delta_min_changes_at_runtime():
 
 @pytest.mark.parametrize("kwargs, bad", [({"delta_min": 1.5}, "delta_min"), ({"delta_min": float("nan")}, "delta_min"),
                                          ({"guard_mbps": -1.0}, "guard_mbps"),
-                                         ({"guard_hysteresis_mbps": math.inf}, "guard_hysteresis_mbps")])
+                                         ({"guard_hysteresis_mbps": math.inf}, "guard_hysteresis_mbps"),
+                                         ({"cloud_hysteresis": -0.01}, "cloud_hysteresis"),
+                                         ({"delta_min": 0.1, "cloud_hysteresis": 1.5}, "cloud_hysteresis"),
+                                         ({"delta": 0.1}, "delta")])
 def test_set_thresholds_validates(kwargs, bad):
     router = Router(two_candidates())
     with pytest.raises(ValueError, match=bad):
         router.set_thresholds(**kwargs)
-    assert router.delta_min == 0.03 and router.guard.guard_mbps == 15.0 and router.guard.hysteresis_mbps == 5.0
+    assert router.thresholds == {"delta_min": 0.03, "guard_mbps": 15.0, "guard_hysteresis_mbps": 5.0,
+                                 "cloud_hysteresis": 0.0}
+
+
+def blur_for_gain(gain: float) -> float:
+    """The blur feature at which two_candidates' cloud beats its edge (quality 0.5) by ``gain``."""
+    return (math.log((0.5 + gain) / (0.5 - gain)) + 1.0) / 2.0
+
+
+def test_cloud_hysteresis_enters_above_delta_min_plus_it_and_leaves_below_delta_min():
+    router = Router(two_candidates(delta_min=0.03, cloud_hysteresis=0.05))
+    # (gain of the cloud, target): from the edge the cloud needs > 0.08; in the cloud it stays while > 0.03
+    seq = [(0.06, "edge"), (0.079, "edge"), (0.09, "cloud"), (0.06, "cloud"), (0.031, "cloud"), (0.02, "edge"),
+           (0.06, "edge"), (0.3, "cloud"), (-0.1, "edge")]
+    for gain, target in seq:
+        d = router.decide_features(features(blur_for_gain(gain)), deadline_s=1.0, link=GOOD)
+        q = {p.name: p.quality for p in d.predictions}
+        assert q["cloud"] - q["edge"] == pytest.approx(gain, abs=1e-6)
+        assert d.target == target, (gain, d.reason, d.params["gain_needed"])
+        assert d.reason == ("cloud_gain" if target == "cloud" else "edge_first")
+    # a decision the guard forces to the edge counts as the last one: the cloud must win by the full margin again
+    router.decide_features(features(blur_for_gain(0.3)), deadline_s=1.0, link=GOOD)
+    assert router.decide_features(features(blur_for_gain(0.3)), deadline_s=1.0,
+                                  link=LinkSnapshot(5.0, 0.02)).reason == "guard"
+    assert router.decide_features(features(blur_for_gain(0.06)), deadline_s=1.0, link=GOOD).target == "edge"
+    # 0 (the default) is the rule without memory
+    router.set_thresholds(cloud_hysteresis=0.0)
+    assert router.decide_features(features(blur_for_gain(0.06)), deadline_s=1.0, link=GOOD).target == "cloud"
 
 
 def test_bandwidth_guard_has_hysteresis():

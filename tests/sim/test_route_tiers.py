@@ -229,6 +229,11 @@ def test_summaries_oracle_and_pgr():
     assert pgr(0.75, 0.5, 1.0) == pytest.approx(0.5) and pgr(0.5, 0.5, 0.5) is None
     with pytest.raises(ValueError, match="oracle"):
         oracle(edge, cloud[:1])
+    # placement switches: changes between an episode's consecutive chunks, never across episodes
+    mixed = [_ep("reach", 1, "clean", True, ["edge", "cloud", "cloud", "edge"]), _ep("reach", 2, "dark", True, ["edge"]),
+             _ep("reach", 3, "dark", True, ["cloud", "cloud"])]
+    assert [e.summary()["switches"] for e in mixed] == [2, 0, 0]
+    assert summarize(mixed)["switches_per_episode"] == pytest.approx(2 / 3)
 
 
 def test_cloud_fault_and_link_impairments_are_parsed_or_refused_by_name(capsys):
