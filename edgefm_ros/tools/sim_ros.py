@@ -134,7 +134,7 @@ class LoopGraph:
         s = self.session.__enter__()
         try:
             n = s.node
-            n.create_subscription(String, EVENTS_TOPIC, self._on_event, qos.RELIABLE)
+            self._events_sub = n.create_subscription(String, EVENTS_TOPIC, self._on_event, qos.RELIABLE)
             self._reset_pub = n.create_publisher(String, RESET_TOPIC, qos.RELIABLE)
             if self.frames is not None:
                 n.create_subscription(Image, SCENE_TOPIC, lambda m: self._on_frame("scene", m), qos.SENSOR)
@@ -231,8 +231,13 @@ class LoopGraph:
         # One request once sim_node's reset subscription is matched (reliable: delivered from then on). A
         # second one only after a long silence: sent while an episode has just started, it would end that
         # episode as 'reset' (a loaded host once took 0.33 s to report the start; the old 0.2 s resend did it).
-        if not s.wait_for(lambda: self._reset_pub.get_subscription_count() > 0, ready_timeout):
-            raise RuntimeError(f"sim_node's reset subscription never matched; log {self.workdir / 'sim_node.log'}")
+        # Both directions matched first: discovery is per endpoint, and an events subscription matched only after
+        # the first episode began would miss that episode's start (its end then has no window).
+        if not s.wait_for(lambda: self._reset_pub.get_subscription_count() > 0
+                          and self._events_sub.get_publisher_count() > 0, ready_timeout):
+            raise RuntimeError(f"sim_node's reset subscription or events publisher never matched (reset "
+                               f"{self._reset_pub.get_subscription_count()}, events "
+                               f"{self._events_sub.get_publisher_count()}); log {self.workdir / 'sim_node.log'}")
         for _ in range(6):
             self._reset_pub.publish(String(data=""))
             if self.wait_event(lambda e: e["event"] == "start", 10.0) is not None:

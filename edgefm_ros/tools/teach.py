@@ -154,7 +154,7 @@ class _Graph:
         rclpy.init(context=self.context, domain_id=self.domain)
         try:
             self.node = rclpy.create_node("edgefm_teach", context=self.context)
-            self.node.create_subscription(String, EVENTS_TOPIC, self._on_event, qos.RELIABLE)
+            self._events_sub = self.node.create_subscription(String, EVENTS_TOPIC, self._on_event, qos.RELIABLE)
             self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, qos.DIAGNOSTICS)
             self.reset_pub = self.node.create_publisher(String, RESET_TOPIC, qos.RELIABLE)
             self.executor = SingleThreadedExecutor(context=self.context)
@@ -232,7 +232,8 @@ class _Graph:
         self._wait("the operator listening",
                    lambda: self._subscribed(OPERATOR, [EVENTS_TOPIC, "/" + GROUND_TRUTH_TOPIC]), 60.0)
         self._wait("the recorder subscribed to every topic", lambda: self._subscribed(RECORDER, RECORD_TOPICS), 60.0)
-        self._wait("sim_node listening for the start", lambda: self.reset_pub.get_subscription_count() > 0, 30.0)
+        self._wait("sim_node listening for the start and heard", lambda: self.reset_pub.get_subscription_count() > 0
+                   and self._events_sub.get_publisher_count() > 0, 30.0)
         if self.progress:
             self.progress(f"[teach] graph up in {time.monotonic() - t0:.1f} s (sim_node, {OPERATOR}, {RECORDER}; "
                           f"ROS_DOMAIN_ID {self.domain}); teaching {len(self.cfg.episodes)} episodes")
