@@ -1,8 +1,9 @@
-"""Fixtures shared by the whole suite: repository paths and an isolated ROS 2 domain per worker; strict mode.
+"""Fixtures shared by the whole suite: repository paths and an isolated ROS 2 domain per test; strict mode.
 
 Strict mode (EDGEFM_STRICT_TESTS=1, set by .ci/run): a skip whose reason is not of a kind in
 ``skips.ALLOWED`` (no GPU, CPU instruction set, opt-in) fails, at collection or at run time.
 """
+import itertools
 import os
 import sys
 import threading
@@ -47,13 +48,21 @@ def shared_reference(repo_root) -> Path:
     return path
 
 
+_TESTS = itertools.count()
+
+
 def _domain_id() -> int:
-    """A ROS_DOMAIN_ID in [10, 99]: distinct per xdist worker, varied between concurrent runs."""
+    """A ROS_DOMAIN_ID in [10, 229] for the next test: new for every test, so no participant an earlier test
+    left behind shares it (a live participant in the domain writes to departed nodes' shared-memory ports and
+    re-creates their files after the nodes removed them); distinct per xdist worker (each takes every n-th id);
+    varied between concurrent runs."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     base = int(run[:8], 16) if run else os.getpid()
-    return 10 + (base + index) % 90
+    span = 220 - 220 % workers  # a multiple of the worker count: workers never meet
+    return 10 + (base * workers + index + workers * next(_TESTS)) % span
 
 
 @pytest.fixture

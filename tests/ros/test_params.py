@@ -67,7 +67,8 @@ def test_one_declaration_gives_the_specs_and_the_typed_frozen_config():
     assert specs["gain"].type == "float" and specs["gain"].default is None and not specs["gain"].read_only
     assert all(s.read_only for n, s in specs.items() if n != "gain")
 
-    rate, gains = float(RNG.uniform(1, 100)), [int(RNG.integers(0, 2)), float(RNG.uniform(0, 2))]
+    # rate_hz >= 1.5: the default depth 3 must not exceed twice it (DemoConfig.__post_init__)
+    rate, gains = float(RNG.uniform(1.5, 100)), [int(RNG.integers(0, 2)), float(RNG.uniform(0, 2))]
     cfg = DemoConfig.from_values({"rate_hz": rate, "topics_in": ["/a", "/b"], "gains": gains})
     assert cfg.rate_hz == rate and cfg.topics_in == ("/a", "/b") and cfg.depth == 3 and cfg.gain is None
     assert cfg.gains == tuple(float(g) for g in gains) and all(isinstance(g, float) for g in cfg.gains)
