@@ -52,16 +52,16 @@ _TESTS = itertools.count()
 
 
 def _domain_id() -> int:
-    """A ROS_DOMAIN_ID in [10, 229] for the next test: new for every test, so no participant an earlier test
-    left behind shares it (a live participant in the domain writes to departed nodes' shared-memory ports and
-    re-creates their files after the nodes removed them); distinct per xdist worker (each takes every n-th id);
-    varied between concurrent runs."""
+    """A ROS_DOMAIN_ID in [10, 101] (ROS 2's safe range on Linux) for the next test: new for every test, so no
+    participant an earlier test left behind shares it (a live participant in the domain writes to departed
+    nodes' shared-memory ports and re-creates their files after the nodes removed them); distinct per xdist
+    worker (each takes every n-th id); varied between concurrent runs."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
     workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     base = int(run[:8], 16) if run else os.getpid()
-    span = 220 - 220 % workers  # a multiple of the worker count: workers never meet
+    span = 92 - 92 % workers  # a multiple of the worker count: workers never meet
     return 10 + (base * workers + index + workers * next(_TESTS)) % span
 
 
